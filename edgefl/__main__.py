@@ -1,0 +1,3 @@
+from edgefl.cli.main import run
+
+run()

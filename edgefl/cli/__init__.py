@@ -1,0 +1,1 @@
+"""The `edgefl` command line. Only this package wires the rooms together."""

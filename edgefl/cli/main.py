@@ -1,0 +1,160 @@
+"""`edgefl` entry point: subcommands, and the one place user errors become one line + exit 2."""
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from edgefl.errors import ConfigError, EdgeflError, InfeasiblePlanError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Federated learning that fits every device's memory budget.")
+stdout = Console(soft_wrap=False)
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class OptimizerName(str, Enum):
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+@app.command()
+def plan(
+    devices: Path = typer.Option(..., "--devices", help="fleet.yaml describing the device groups"),
+    model: str = typer.Option(..., "--model", help="zoo model: resnet20, resnet32, resnet44, resnet56, densenet40, "
+                                                   "vgg11bn, cnn, transformer, vit"),
+    method: str = typer.Option(..., "--method", help="slt, caff, fedolf, fedepth, profl, fedavg, exclusive, small, fd, "
+                                                     "fedrolex, heterofl, fjord, depthfl"),
+    rounds: int = typer.Option(100, "--rounds", min=1),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    optimizer: OptimizerName = typer.Option(OptimizerName.sgd, "--optimizer"),
+    local_epochs: int = typer.Option(1, "--local-epochs", min=1),
+    layers: Optional[str] = typer.Option(None, "--layers", help="transformer depth; for caff the candidate depths, "
+                                                                "e.g. 3,6,9,12"),
+    classes: Optional[int] = typer.Option(None, "--classes", min=2),
+    vocab: Optional[int] = typer.Option(None, "--vocab", min=2),
+    context: Optional[int] = typer.Option(None, "--context", min=2),
+    blocks: Optional[int] = typer.Option(None, "--blocks", min=1, help="profl: number of blocks (default: stages)"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", help="runtime constants from 'edgefl calibrate'"),
+    fmt: Format = typer.Option(Format.table, "--format"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write plan.json here"),
+):
+    """Plan per device group and round: frozen prefix, trained layers, head width, predicted cost."""
+    from edgefl.calibration import load_calibration
+    from edgefl.cli.options import model_ref, parse_int_list
+    from edgefl.cli.render import plan_tables
+    from edgefl.fleet import load_fleet
+    from edgefl.plan import verify
+    from edgefl.strategies import PlanContext, get_strategy
+
+    fleet = load_fleet(devices)
+    depths = parse_int_list(layers, "--layers")
+    ref = model_ref(model, depths, classes, vocab, context)
+    strategy = get_strategy(method)
+    if method == "caff" and depths:
+        strategy.depths = depths
+    if method == "profl":
+        strategy.blocks = blocks
+    elif blocks is not None:
+        raise ConfigError("--blocks: only --method profl takes it")
+    if depths and len(depths) > 1 and method != "caff":
+        raise ConfigError(f"--layers: a list of depths is for --method caff; give one depth for {method}")
+    for g in fleet.groups:
+        if g.flops_budget is not None and g.examples is None:
+            raise ConfigError(f"{devices}: fleet.groups.{g.name}.flops_budget needs examples (local dataset size) "
+                              "to turn FLOPs per sample into FLOPs per round; add e.g. 'examples: 500'")
+    ctx = PlanContext(fleet, ref, rounds=rounds, batch_size=batch_size, optimizer=optimizer.value,
+                      local_epochs=local_epochs, constants=load_calibration(calibration))
+    result = verify(strategy.plan(ctx), fleet)
+    if output is not None:
+        result.write(output)
+    if fmt is Format.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        plan_tables(result, stdout)
+        if output is not None:
+            stdout.print(f"plan written to {output}")
+    if all(g.excluded for g in result.groups.values()):
+        need = ", ".join(f"{n} needs {g.min_memory_bytes} bytes" for n, g in result.groups.items())
+        raise InfeasiblePlanError(f"no device group can take part with {method} on {ref.label()}: {need}")
+
+
+@app.command()
+def profile(
+    model: str = typer.Option(..., "--model"),
+    frozen_prefix: int = typer.Option(0, "--frozen-prefix", min=0),
+    head_width: float = typer.Option(1.0, "--head-width", min=0.0, max=1.0),
+    head_start: Optional[int] = typer.Option(None, "--head-start", min=0,
+                                             help="first scaled layer (default: right after the first trained layer)"),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    optimizer: OptimizerName = typer.Option(OptimizerName.sgd, "--optimizer"),
+    runtime: str = typer.Option("torch", "--runtime"),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1),
+    classes: Optional[int] = typer.Option(None, "--classes", min=2),
+    measure: bool = typer.Option(False, "--measure", help="also measure on this machine (torch runtime)"),
+    calibration: Optional[Path] = typer.Option(None, "--calibration"),
+    fmt: Format = typer.Option(Format.table, "--format"),
+):
+    """Predicted (and with --measure, measured) training cost of one configuration."""
+    from edgefl.calibration import load_calibration
+    from edgefl.cli.options import model_ref
+    from edgefl.cli.render import cost_table
+    from edgefl.cost import cost as predict
+    from edgefl.profile import ProfileStore
+    from edgefl.trainconfig import TrainConfig
+
+    ref = model_ref(model, [layers] if layers else None, classes)
+    constants = load_calibration(calibration)
+    if runtime not in constants:
+        raise ConfigError(f"--runtime: unknown runtime {runtime!r}; choose one of {', '.join(constants)}")
+    store = ProfileStore()
+    L = store.full(ref).num_layers
+    if frozen_prefix >= L:
+        raise ConfigError(f"--frozen-prefix: {ref.label()} has {L} layers; freeze at most {L - 1}")
+    if head_width < 1 and head_start is None:
+        head_start = min(frozen_prefix + 1, L - 1)
+    try:
+        config = TrainConfig(num_layers=L, frozen_prefix=frozen_prefix, head_start=head_start, head_width=head_width,
+                             batch_size=batch_size, optimizer=optimizer.value)
+    except ValueError as exc:
+        raise ConfigError(f"profile options: {exc}") from None
+    prof = store.profile(ref, None if head_width == 1 else config.widths)
+    predicted = predict(prof, config, runtime, constants=constants[runtime])
+    measured = None
+    if measure:
+        if runtime != "torch":
+            raise ConfigError("--measure: only the torch runtime is measured in-process; use --runtime torch")
+        from edgefl.measure import measure_activation_bytes, measure_peak
+        measured = dict(measure_peak(ref, config, runtime))
+        measured["activation_bytes"] = measure_activation_bytes(ref, config)
+    if fmt is Format.json:
+        out = {"model": ref.to_json(), "config": config.to_json(), "runtime": runtime,
+               "predicted": predicted.to_json(), "layers": [l.__dict__ for l in prof.layers]}
+        if measured is not None:
+            out["measured"] = measured
+        print(json.dumps(out, indent=2, default=list))
+    else:
+        cost_table(predicted, measured, stdout, f"{ref.label()}, frozen {frozen_prefix}, head width {head_width:g}, "
+                                                f"batch {batch_size}, {runtime}")
+
+
+def run() -> None:
+    """Console-script entry: user errors print one line on stderr and exit 2; bugs keep their traceback."""
+    try:
+        app(standalone_mode=True)
+    except EdgeflError as exc:
+        print(f"edgefl: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,42 @@
+"""One error tree. User mistakes are `EdgeflError`s (the CLI prints one line and exits 2);
+anything else is a bug and keeps its traceback."""
+
+
+class EdgeflError(Exception):
+    """Base of every error the user can cause or fix."""
+
+
+class ConfigError(EdgeflError):
+    """Bad user input. The message names the file, the field and the fix."""
+
+
+class InfeasiblePlanError(EdgeflError):
+    """No configuration fits a device. The message names the device and the smallest budget that would."""
+
+
+class ArtifactError(EdgeflError):
+    """An artifact is missing, corrupt or does not match its hash."""
+
+
+class TransportError(EdgeflError):
+    """A message could not be delivered or received."""
+
+
+class ReportRejected(EdgeflError):
+    """A device upload failed validation; the message gives the reason."""
+
+
+class MissingDependencyError(EdgeflError):
+    """An optional backend is not installed; the message carries the install hint."""
+
+
+def require(module: str, extra: str):
+    """Import an optional dependency or fail with the pip command that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{module} is not installed; install it with: pip install 'edgefl[{extra}]'"
+        ) from exc

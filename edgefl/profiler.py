@@ -1,0 +1,150 @@
+"""Derive a ModelProfile from the model itself (imports torch).
+
+One batch-1 training step of the fully trainable model runs layer by layer. Per layer we record its
+parameters and buffers, the shape and bytes of its output state, its forward FLOPs (torch's FLOP
+counter: conv and matmul ops, a multiply-add counted as 2 FLOPs) and which storages autograd keeps for
+backward (`saved_tensors_hooks`, deduplicated by storage, parameters and buffers excluded: they are
+weights, not activations). A storage is attributed to the last layer that keeps it, so the activation
+bytes of any trained suffix [a, L) are the sum over its layers; `carried_bytes` lets a suffix that
+stops early at boundary b add back what layer b-1 kept for layer b.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+from edgefl.profile import AuxProfile, LayerProfile, ModelProfile
+from edgefl.zoo import ModelRef, build
+
+
+def _tensors(state):
+    return list(state) if isinstance(state, (tuple, list)) else [state]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+class _SavedTensors:
+    """Storages autograd keeps, with the set of 'owners' (layer indices) that kept each."""
+
+    def __init__(self, excluded_ptrs: set[int]):
+        self.excluded = excluded_ptrs
+        self.owner = -1
+        self.size: dict[int, int] = {}
+        self.owners: dict[int, set[int]] = defaultdict(set)
+        self._keep = []  # hold packed tensors so storages are not freed and their addresses reused
+
+    def pack(self, t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.excluded and t.device.type != "meta":
+            self.size[ptr] = _nbytes(t)
+            self.owners[ptr].add(self.owner)
+        self._keep.append(t)
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+
+def _weights(module: torch.nn.Module) -> tuple[int, int, int, set[int]]:
+    params = list(module.parameters())
+    buffers = list(module.buffers())
+    ptrs = {p.untyped_storage().data_ptr() for p in params} | {b.untyped_storage().data_ptr() for b in buffers}
+    return (sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params),
+            sum(b.numel() * b.element_size() for b in buffers), ptrs)
+
+
+_MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.mm, torch.Tensor.bmm,
+            torch.Tensor.mm, torch.addmm, torch.baddbmm}
+
+
+class _FlopCounter(TorchFunctionMode):
+    """Counts conv and matmul FLOPs at the torch-function level (a dispatch-level counter would pull in
+    the compiler stack, over a second of import on first use)."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops = 0.0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in (F.conv1d, F.conv2d, torch.conv2d, torch.conv1d):
+            w = args[1] if len(args) > 1 else kwargs["weight"]
+            self.flops += 2.0 * out.numel() * w[0].numel()
+        elif func is F.linear:
+            w = args[1] if len(args) > 1 else kwargs["weight"]
+            self.flops += 2.0 * out.numel() * w.shape[-1]
+        elif func in _MATMULS:
+            a = args[1] if func in (torch.addmm, torch.baddbmm) else args[0]
+            self.flops += 2.0 * out.numel() * a.shape[-1]
+        return out
+
+
+def _flops(fn):
+    counter = _FlopCounter()
+    with counter:
+        out = fn()
+    return out, counter.flops
+
+
+def profile_model(ref: ModelRef, widths=None) -> ModelProfile:
+    torch.manual_seed(0)
+    model = build(ref, widths)
+    model.train()
+    _, _, _, weight_ptrs = _weights(model)
+    saved = _SavedTensors(weight_ptrs)
+    x = model.example_input(1)
+    state, rows = x, []
+    with saved.hooks():
+        for i, layer in enumerate(model.layers):
+            saved.owner = i
+            state, flops = _flops(lambda: layer(state))
+            params, param_bytes, buffer_bytes, _ = _weights(layer)
+            outs = _tensors(state)
+            rows.append(dict(kind=type(layer).__name__, params=params, param_bytes=param_bytes,
+                             buffer_bytes=buffer_bytes, output_shape=tuple(outs[0].shape[1:]),
+                             output_bytes=sum(_nbytes(t) for t in outs), forward_flops=flops,
+                             out_ptrs={t.untyped_storage().data_ptr() for t in outs}))
+    act = [0] * len(rows)
+    carried = [0] * len(rows)
+    out_saved = [0] * len(rows)
+    for ptr, owners in saved.owners.items():
+        size = saved.size[ptr]
+        last = max(owners)
+        act[last] += size
+        for o in owners:
+            if o != last:
+                carried[o] += size
+            if ptr in rows[o]["out_ptrs"]:
+                out_saved[o] += size
+    layers = tuple(LayerProfile(**{k: v for k, v in r.items() if k != "out_ptrs"}, activation_bytes=act[i],
+                                carried_bytes=carried[i], output_saved_bytes=out_saved[i])
+                   for i, r in enumerate(rows))
+    return ModelProfile(model=ref, widths=tuple(widths) if widths is not None else tuple([1.0] * len(layers)),
+                        input_shape=tuple(model.input_shape), input_bytes=_nbytes(x), num_classes=model.num_classes,
+                        cut_points=tuple(model.cut_points), stages=tuple(model.stages), layers=layers)
+
+
+def profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
+    torch.manual_seed(0)
+    model = build(ref, widths)
+    head = model.aux_head(boundary, kind)
+    model.train()
+    head.train()
+    with torch.no_grad():
+        state = model(model.example_input(1), 0, boundary)
+    state = state.detach().requires_grad_(True)
+    params, param_bytes, buffer_bytes, ptrs = _weights(head)
+    saved = _SavedTensors(ptrs)
+    with saved.hooks():
+        _, flops = _flops(lambda: head(state))
+    in_ptr = state.untyped_storage().data_ptr()
+    internal = sum(s for p, s in saved.size.items() if p != in_ptr)
+    return AuxProfile(boundary=boundary, kind=kind, params=params, param_bytes=param_bytes, buffer_bytes=buffer_bytes,
+                      forward_flops=flops, activation_bytes=internal,
+                      input_saved_bytes=saved.size.get(in_ptr, 0))
