@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edgefl.errors import ConfigError
 from edgefl.hardware import DeviceProfile, load_profile
@@ -34,21 +34,21 @@ class _Strict(BaseModel):
 
 
 class GroupSpec(_Strict):
-    count: Optional[int] = Field(default=None, ge=1)
+    count: Optional[int] = Field(default=None, ge=1, strict=True)
     ids: Optional[list[str]] = None
     profile: Optional[str] = None
     memory_budget: Optional[Union[str, int, float]] = None
     upload_budget: Optional[Union[str, int, float]] = None
     flops_budget: Optional[Union[str, int, float]] = None
     runtime: Optional[Runtime] = None
-    examples: Optional[int] = Field(default=None, ge=1)
+    examples: Optional[int] = Field(default=None, ge=1, strict=True)
 
-    @field_validator("memory_budget", "upload_budget")
+    @field_validator("memory_budget", "upload_budget", mode="before")
     @classmethod
     def _size(cls, v):
         return None if v is None else _positive(parse_bytes(v))
 
-    @field_validator("flops_budget")
+    @field_validator("flops_budget", mode="before")
     @classmethod
     def _flops(cls, v):
         return None if v is None else _positive(parse_flops(v))
@@ -59,14 +59,6 @@ class GroupSpec(_Strict):
         if v is not None and (not v or len(set(v)) != len(v)):
             raise ValueError("ids must be a non-empty list of distinct device names")
         return v
-
-    @model_validator(mode="after")
-    def _count_or_ids(self):
-        if (self.count is None) == (self.ids is None):
-            raise ValueError("give either count or ids (exactly one of them)")
-        if self.memory_budget is None and self.profile is None:
-            raise ValueError("give a memory_budget (e.g. 180MiB) or a profile that supplies one")
-        return self
 
 
 def _positive(value):
@@ -118,7 +110,10 @@ class Fleet:
         return sum(g.count for g in self.groups)
 
     def group(self, name: str) -> Group:
-        return next(g for g in self.groups if g.name == name)
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise KeyError(f"no group {name!r} in fleet {self.name!r}; groups: {', '.join(g.name for g in self.groups)}")
 
 
 def load_fleet(path: str | Path) -> Fleet:
@@ -130,13 +125,43 @@ def load_fleet(path: str | Path) -> Fleet:
     return parse_fleet(text, str(path))
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, mark):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.mark = key, mark
+
+
+class _Loader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # unhashable key: construct_mapping reports it
+            continue
+        if duplicate:
+            raise _DuplicateKey(key, key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
 def parse_fleet(text: str, where: str = "fleet.yaml") -> Fleet:
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_Loader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{where}: line {exc.mark.line + 1}: key {exc.key!r} is given twice in the same mapping; "
+                          "rename or merge one of them (YAML would silently keep only the last)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
+        problem = _one_line(getattr(exc, "problem", None) or "invalid YAML")
         raise ConfigError(f"{where}: YAML syntax error{at}: {problem}; fix the indentation or quoting there") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with a top-level 'fleet' key, e.g. 'fleet: {{groups: ...}}'")
@@ -147,37 +172,73 @@ def parse_fleet(text: str, where: str = "fleet.yaml") -> Fleet:
     return _resolve(spec.fleet, where)
 
 
+_GROUP_KEYS = ", ".join(GroupSpec.model_fields)
+# allowed keys, by depth of the mapping that holds them: top level, under fleet, in a group
+_ALLOWED = {1: "fleet", 2: ", ".join(FleetBody.model_fields), 4: _GROUP_KEYS}
+# what a mapping at each path holds, for "expected a mapping" errors
+_MAPPING_OF = {1: "with the keys name (optional) and groups, e.g. 'fleet: {groups: {zero: {count: 40, ...}}}'",
+               2: f"from group name to the group's settings ({_GROUP_KEYS})",
+               3: f"of the group's settings ({_GROUP_KEYS})"}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def _describe(exc: ValidationError) -> str:
+    """The first validation error as 'field.path: what is wrong (got X); how to fix it'."""
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    field = str(err["loc"][-1]) if err["loc"] else ""
+    path = err["loc"]
+    loc = ".".join(str(p) for p in path)
+    field = str(path[-1]) if path else ""
+    shown = "input" in err and not isinstance(err["input"], (dict, list))
+    got = f" (got {err['input']!r})" if shown else ""
     if err["type"] == "extra_forbidden":
-        allowed = {"fleet": "fleet", "groups": "name, groups"}.get(str(err["loc"][-2]) if len(err["loc"]) > 1 else "", None)
-        known = ", ".join(GroupSpec.model_fields) if len(err["loc"]) == 4 else (allowed or ", ".join(FleetBody.model_fields))
-        return f"{loc}: unknown key {field!r}; allowed keys here: {known}"
+        allowed = _ALLOWED.get(len(path), "")
+        return f"{loc}: unknown key {field!r}; allowed keys here: {allowed} (check the spelling and indentation)"
     if err["type"] == "missing":
-        return f"{loc}: required key is missing"
-    msg = err["msg"].removeprefix("Value error, ")
-    fix = f" (write e.g. {_SIZE_EXAMPLE[field]})" if field in _SIZE_EXAMPLE else ""
-    shown = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], (dict, list)) else ""
-    return f"{loc}: {msg}{shown}{fix}"
+        if path == ("fleet", "groups"):
+            return f"{loc}: required key is missing; add 'groups:' mapping each group name to its settings ({_GROUP_KEYS})"
+        return f"{loc}: required key is missing; add it"
+    if err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{loc}: expected a mapping {_MAPPING_OF.get(len(path), '')}{got}".rstrip()
+    msg = _one_line(err["msg"].removeprefix("Value error, "))
+    if shown and repr(err["input"]) in msg:
+        got = ""
+    fix = ""
+    if field in _SIZE_EXAMPLE and "e.g." not in msg:
+        fix = f"; write e.g. {_SIZE_EXAMPLE[field]}"
+    elif err["type"] == "string_type":
+        fix = "; quote it"
+    return f"{loc}: {msg}{got}{fix}"
 
 
 def _resolve(body: FleetBody, where: str) -> Fleet:
-    groups, seen = [], set()
+    groups, seen, owner = [], set(), {}
     for name, g in body.groups.items():
+        at = f"{where}: fleet.groups.{name}"
+        if g.count is not None and g.ids is not None:
+            raise ConfigError(f"{at}: has both count and ids; keep exactly one of them "
+                              "(count: N generates the device names, ids: [...] lists them)")
+        if g.count is None and g.ids is None:
+            raise ConfigError(f"{at}.count: missing; give count: N or ids: [device names] (exactly one of them)")
+        if g.memory_budget is None and g.profile is None:
+            raise ConfigError(f"{at}.memory_budget: missing; give a memory_budget (e.g. 180MiB) "
+                              "or a profile that supplies one (see hardware/profiles/)")
         profile = None
         if g.profile is not None:
             try:
                 profile = load_profile(g.profile)
             except ConfigError as exc:
-                raise ConfigError(f"{where}: fleet.groups.{name}.profile: {exc}") from None
+                raise ConfigError(f"{at}.profile: {exc}") from None
         ids = tuple(g.ids) if g.ids is not None else tuple(f"{name}-{i:0{len(str(g.count))}d}" for i in range(g.count))
         clash = seen.intersection(ids)
         if clash:
-            raise ConfigError(f"{where}: fleet.groups.{name}.ids: device {sorted(clash)[0]!r} is in two groups; "
-                              "device names must be unique across the fleet")
+            key = "ids" if g.ids is not None else "count"
+            raise ConfigError(f"{at}.{key}: device {sorted(clash)[0]!r} is also in group {owner[sorted(clash)[0]]!r}; "
+                              "device names must be unique across the fleet, so rename one of them")
         seen.update(ids)
+        owner.update(dict.fromkeys(ids, name))
         groups.append(Group(
             name=name, device_ids=ids,
             memory_budget_bytes=g.memory_budget if g.memory_budget is not None else profile.memory_budget_bytes,

@@ -13,7 +13,7 @@ from typing import Optional
 
 from edgefl.zoo import ModelRef
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ One batch-1 training step of the fully trainable model runs layer by layer. Per 
 parameters and buffers, the shape and bytes of its output state, its forward FLOPs (torch's FLOP
 counter: conv and matmul ops, a multiply-add counted as 2 FLOPs) and which storages autograd keeps for
 backward (`saved_tensors_hooks`, deduplicated by storage, parameters and buffers excluded: they are
-weights, not activations). A storage is attributed to the last layer that keeps it, so the activation
+weights, not activations); the loss's own kept storages (log-probabilities, targets) count for the last
+layer, and for an auxiliary head, the head. A storage is attributed to the last layer that keeps it, so the activation
 bytes of any trained suffix [a, L) are the sum over its layers; `carried_bytes` lets a suffix that
 stops early at boundary b add back what layer b-1 kept for layer b.
 """
@@ -92,6 +93,14 @@ def _flops(fn):
     return out, counter.flops
 
 
+def _loss(logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a training step against random class targets (one per logits row: one per sample
+    for a classifier, one per position for a language model)."""
+    logits = logits.reshape(-1, logits.shape[-1])
+    target = torch.randint(0, logits.shape[-1], (logits.shape[0],))
+    return F.cross_entropy(logits, target)
+
+
 def profile_model(ref: ModelRef, widths=None) -> ModelProfile:
     torch.manual_seed(0)
     model = build(ref, widths)
@@ -110,6 +119,7 @@ def profile_model(ref: ModelRef, widths=None) -> ModelProfile:
                              buffer_bytes=buffer_bytes, output_shape=tuple(outs[0].shape[1:]),
                              output_bytes=sum(_nbytes(t) for t in outs), forward_flops=flops,
                              out_ptrs={t.untyped_storage().data_ptr() for t in outs}))
+        _loss(state)  # what the loss keeps (log-probabilities, targets) belongs to the last layer
     act = [0] * len(rows)
     carried = [0] * len(rows)
     out_saved = [0] * len(rows)
@@ -142,7 +152,8 @@ def profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
     params, param_bytes, buffer_bytes, ptrs = _weights(head)
     saved = _SavedTensors(ptrs)
     with saved.hooks():
-        _, flops = _flops(lambda: head(state))
+        logits, flops = _flops(lambda: head(state))
+        _loss(logits)
     in_ptr = state.untyped_storage().data_ptr()
     internal = sum(s for p, s in saved.size.items() if p != in_ptr)
     return AuxProfile(boundary=boundary, kind=kind, params=params, param_bytes=param_bytes, buffer_bytes=buffer_bytes,

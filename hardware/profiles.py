@@ -6,6 +6,7 @@ their defaults from a profile and may override them.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -42,7 +43,9 @@ def profile_names() -> list[str]:
 def load_profile(name: str) -> DeviceProfile:
     names = profile_names()
     if name not in names:
-        raise ConfigError(f"unknown device profile {name!r}; known profiles: {', '.join(names)}")
+        close = [n for n in names if name and name in n] or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise ConfigError(f"unknown device profile {name!r}; {hint}known profiles: {', '.join(names)}")
     path = resources.files("edgefl.hardware") / "profiles" / f"{name}.yaml"
     where = f"hardware/profiles/{name}.yaml"
     profile = parse_profile(path.read_text(), where)

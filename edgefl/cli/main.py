@@ -14,7 +14,8 @@ from edgefl.errors import ConfigError, EdgeflError, InfeasiblePlanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Federated learning that fits every device's memory budget.")
-stdout = Console(soft_wrap=False)
+# piped output is not wrapped at rich's 80-column default: tables stay one row per step
+stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 class Format(str, Enum):

@@ -113,9 +113,12 @@ def group_plan(ctx: PlanContext, group: Group, steps: Sequence[Step], cheapest: 
     low_cost, low_config = min(costs, key=lambda pair: pair[0].peak_memory_bytes)
     if not steps and not reason:
         bad = violations(low_cost, group, low_config)
-        reason = ("even the smallest configuration exceeds the budget: " + "; ".join(bad) + 
-                  f"; a memory budget of {format_bytes(low_cost.peak_memory_bytes)} would let it take part"
-                  if bad else "no step of this method fits the group's budgets")
+        if not bad:
+            reason = "no step of this method fits the group's budgets"
+        else:
+            reason = "its smallest configuration breaks the budget: " + "; ".join(bad)
+            if low_cost.peak_memory_bytes > group.memory_budget_bytes:
+                reason += f"; a memory budget of {format_bytes(low_cost.peak_memory_bytes)} would fit it"
     return GroupPlan(name=group.name, count=group.count, runtime=group.runtime,
                      memory_budget_bytes=group.memory_budget_bytes, upload_budget_bytes=group.upload_budget_bytes,
                      flops_budget=group.flops_budget, examples=group.examples,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from edgefl.cost import Cost
-from edgefl.plan import Step
-from edgefl.strategies.base import PlanContext, Strategy, group_plan
+from edgefl.plan import Step, violations
+from edgefl.strategies.base import PlanContext, Strategy, first_fit, group_plan
 
 
 def sequence_cost(costs: list[Cost]) -> Cost:
@@ -42,7 +42,10 @@ class FeDepth(Strategy):
             sequence, skipped, p = [], [], 0
             while p < L:
                 options = [self.block(ctx, p, e) for e in reversed(ends) if e > p]   # largest block first
-                chosen = ctx.best(options, g)
+                done = [ctx.cost(c, g.runtime) for c in sequence]
+                # the block must fit on its own and, with the blocks before it, the round's FLOP and upload budgets
+                i = first_fit(options, lambda c: not violations(sequence_cost(done + [ctx.cost(c, g.runtime)]), g, c))
+                chosen = None if i is None else options[i]
                 if chosen is None:
                     skipped.append(p)
                     p = next(e for e in ends if e > p)

@@ -37,6 +37,8 @@ def trained_share(ctx: PlanContext, n: int, s: float) -> int:
 def round_schedule(rounds: int, shares: list[int], total: int) -> list[tuple[int, int]]:
     """Eq. 6: step i ends at round R * Q_i / Q(0,0,1); the last step ends at R. Ranges are inclusive and
     may be empty (first > last) when a step's share rounds to no round."""
+    if not shares:
+        return []
     ends = [int(rounds * q / total + 0.5) for q in shares[:-1]] + [rounds]
     ends = [min(max(e, 0), rounds) for e in ends]
     ranges, last = [], 0

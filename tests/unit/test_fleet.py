@@ -1,0 +1,168 @@
+"""fleet.yaml: the example fleet, profile defaults and overrides, and one-line errors for bad input."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from edgefl.errors import ConfigError
+from edgefl.fleet import Fleet, Group, load_fleet, parse_fleet
+from edgefl.hardware import load_profile
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
+MiB = 2**20
+
+
+def _fleet(groups: str, head: str = "fleet:\n  groups:\n") -> str:
+    return head + "".join(f"    {line}\n" for line in groups.strip("\n").splitlines())
+
+
+# --- the example -------------------------------------------------------------------------------
+
+def test_example_loads():
+    fleet = load_fleet(EXAMPLE)
+    assert isinstance(fleet, Fleet) and all(isinstance(g, Group) for g in fleet.groups)
+    counts = {g.name: g.count for g in fleet.groups}
+    assert counts["zero"] == 40
+    assert fleet.device_count == sum(counts.values())
+    zero = fleet.group("zero")
+    assert zero.profile.name == "raspberry-pi-zero-2w"
+    assert zero.memory_budget_bytes == 180 * MiB and zero.upload_budget_bytes == 2_000_000
+    assert zero.runtime == "ort"
+    assert all(g.examples for g in fleet.groups)
+    assert {g.profile.name for g in fleet.groups} >= {"raspberry-pi-zero-2w", "raspberry-pi-4-2gb", "android-low",
+                                                      "android-mid"}
+    ids = [d for g in fleet.groups for d in g.device_ids]
+    assert len(ids) == len(set(ids))
+
+
+def test_example_budgets_leave_small_devices_short_of_full_resnet20():
+    """Full ResNet-20 at batch 32 peaks at ~124 MiB with ort and ~370 MiB with torch (cost model):
+    the small groups cannot train it whole, the larger ones can."""
+    fleet = load_fleet(EXAMPLE)
+    full_peak = {"ort": 124 * MiB, "torch": 370 * MiB, "executorch": 428 * MiB}
+    fits = {g.name: full_peak[g.runtime] <= g.memory_budget_bytes for g in fleet.groups}
+    assert not fits["phone-low"]
+    assert fits["pi4"] and fits["pi5"] and fits["phone-mid"]
+    # the Zero's memory only fits ort (torch's import alone is ~282 MiB); its round FLOP cap binds instead
+    zero = fleet.group("zero")
+    assert zero.memory_budget_bytes < 282 * MiB and zero.flops_budget is not None
+
+
+def test_group_lookup_unknown_name():
+    with pytest.raises(KeyError, match="no group 'nope'"):
+        load_fleet(EXAMPLE).group("nope")
+
+
+# --- defaults and overrides --------------------------------------------------------------------
+
+def test_profile_supplies_memory_budget_and_runtime():
+    fleet = parse_fleet(_fleet("pi:\n  count: 3\n  profile: raspberry-pi-4-2gb"))
+    g = fleet.group("pi")
+    profile = load_profile("raspberry-pi-4-2gb")
+    assert g.memory_budget_bytes == profile.memory_budget_bytes
+    assert g.runtime == profile.runtime
+    assert g.profile == profile
+    assert g.device_ids == ("pi-0", "pi-1", "pi-2")
+
+
+def test_group_keys_override_the_profile():
+    g = parse_fleet(_fleet("pi:\n  count: 1\n  profile: raspberry-pi-4-2gb\n  memory_budget: 300MiB\n"
+                           "  runtime: executorch")).group("pi")
+    assert g.memory_budget_bytes == 300 * MiB
+    assert g.runtime == "executorch"
+
+
+def test_no_profile_defaults_to_torch():
+    g = parse_fleet(_fleet("x:\n  count: 1\n  memory_budget: 1GiB")).group("x")
+    assert g.runtime == "torch" and g.profile is None
+
+
+def test_budgets_parse_units():
+    g = parse_fleet(_fleet("x:\n  count: 1\n  memory_budget: 180MiB\n  upload_budget: 2MB\n"
+                           "  flops_budget: 50GFLOP\n  examples: 500")).group("x")
+    assert (g.memory_budget_bytes, g.upload_budget_bytes, g.flops_budget, g.examples) == (180 * MiB, 2_000_000, 5e10, 500)
+
+
+def test_count_generates_padded_names():
+    assert parse_fleet(_fleet("z:\n  count: 12\n  memory_budget: 1MiB")).group("z").device_ids[:2] == ("z-00", "z-01")
+
+
+def test_ids_are_kept():
+    g = parse_fleet(_fleet("lab:\n  ids: [a, b]\n  memory_budget: 1MiB")).group("lab")
+    assert g.device_ids == ("a", "b") and g.count == 2
+
+
+def test_fleet_name():
+    assert parse_fleet("fleet:\n  name: campus\n  groups:\n    x: {count: 1, memory_budget: 1MiB}\n").name == "campus"
+
+
+# --- bad input: one line, names the file and the field, says how to fix ------------------------
+
+BAD = {
+    # name: (text, field path the message must name, words of the fix)
+    "yaml syntax": ("fleet:\n  groups:\n    zero: {count: 2\n", "line 4", "fix the indentation or quoting"),
+    "unknown group key": (_fleet("zero: {count: 2, memory_budget: 1MiB, colour: red}"),
+                          "fleet.groups.zero.colour", "allowed keys here: count, ids, profile"),
+    "unknown top-level key": ("fleet:\n  groups:\n    zero: {count: 2, memory_budget: 1MiB}\nextra: 1\n",
+                              "extra", "allowed keys here: fleet"),
+    "unknown fleet key": (_fleet("zero: {count: 2, memory_budget: 1MiB}", head="fleet:\n  nmae: x\n  groups:\n"),
+                          "fleet.nmae", "allowed keys here: name, groups"),
+    "negative budget": (_fleet("zero: {count: 2, memory_budget: -5MiB}"), "fleet.groups.zero.memory_budget", "e.g."),
+    "negative number budget": (_fleet("zero: {count: 2, upload_budget: -5, memory_budget: 1MiB}"),
+                               "fleet.groups.zero.upload_budget", "e.g."),
+    "zero budget": (_fleet("zero: {count: 2, memory_budget: 0}"), "fleet.groups.zero.memory_budget", "e.g. 180MiB"),
+    "unparsable budget": (_fleet("zero: {count: 2, memory_budget: lots}"), "fleet.groups.zero.memory_budget", "e.g."),
+    "unknown unit": (_fleet("zero: {count: 2, memory_budget: 1MiB, flops_budget: 5GB}"),
+                     "fleet.groups.zero.flops_budget", "e.g. 50GFLOP"),
+    "boolean budget": (_fleet("zero: {count: 2, memory_budget: yes}"), "fleet.groups.zero.memory_budget", "e.g."),
+    "unknown profile": (_fleet("zero: {count: 2, profile: pi-zero}"), "fleet.groups.zero.profile",
+                        "did you mean raspberry-pi-zero-2w"),
+    "empty fleet": ("fleet:\n  groups: {}\n", "fleet.groups", "add at least one"),
+    "no groups key": ("fleet:\n  name: x\n", "fleet.groups", "add 'groups:'"),
+    "fleet is null": ("fleet:\n", "fleet", "expected a mapping"),
+    "empty file": ("", "fleet", "e.g. 'fleet:"),
+    "group is null": (_fleet("zero:"), "fleet.groups.zero", "expected a mapping"),
+    "missing memory_budget": (_fleet("zero: {count: 2}"), "fleet.groups.zero.memory_budget",
+                              "give a memory_budget (e.g. 180MiB) or a profile"),
+    "count and ids": (_fleet("zero: {count: 2, ids: [a, b], memory_budget: 1MiB}"), "fleet.groups.zero",
+                      "keep exactly one"),
+    "neither count nor ids": (_fleet("zero: {memory_budget: 1MiB}"), "fleet.groups.zero.count", "count: N or ids"),
+    "count zero": (_fleet("zero: {count: 0, memory_budget: 1MiB}"), "fleet.groups.zero.count", "greater than or equal to 1"),
+    "count boolean": (_fleet("zero: {count: true, memory_budget: 1MiB}"), "fleet.groups.zero.count", "valid integer"),
+    "repeated id": (_fleet("zero: {ids: [a, a], memory_budget: 1MiB}"), "fleet.groups.zero.ids", "distinct"),
+    "duplicate ids across groups": (_fleet("a: {ids: [x, y], memory_budget: 1MiB}\nb: {ids: [y], memory_budget: 1MiB}"),
+                                    "fleet.groups.b.ids", "also in group 'a'"),
+    "generated name clashes": (_fleet("a: {ids: [b-1], memory_budget: 1MiB}\nb: {count: 2, memory_budget: 1MiB}"),
+                               "fleet.groups.b.count", "unique across the fleet"),
+    "group given twice": (_fleet("a: {count: 1, memory_budget: 1MiB}\na: {count: 2, memory_budget: 1MiB}"),
+                          "line 4", "key 'a' is given twice"),
+    "bad runtime": (_fleet("a: {count: 1, memory_budget: 1MiB, runtime: tflite}"), "fleet.groups.a.runtime",
+                    "'ort', 'executorch' or 'torch'"),
+    "non-string id": (_fleet("a: {ids: [1], memory_budget: 1MiB}"), "fleet.groups.a.ids.0", "quote it"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_is_one_line_naming_file_field_and_fix(case):
+    text, field, fix = BAD[case]
+    with pytest.raises(ConfigError) as info:
+        parse_fleet(text, "conf/fleet.yaml")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("conf/fleet.yaml: ")
+    assert field in message
+    assert fix in message
+
+
+def test_load_fleet_names_the_path(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(_fleet("zero: {count: 2}"))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: fleet\.groups\.zero\.memory_budget: missing; give"):
+        load_fleet(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the fleet file"):
+        load_fleet(tmp_path / "absent.yaml")
