@@ -13,7 +13,7 @@ from typing import Optional
 
 from edgefl.zoo import ModelRef
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class LayerProfile:
     activation_bytes: int     # per sample: storages kept for backward whose last saver is this layer
     carried_bytes: int        # per sample: storages this layer keeps that a later layer keeps too
     output_saved_bytes: int   # per sample: bytes of this layer's own output that it keeps
+    activation_fixed_bytes: int = 0  # per batch, whatever its size: kept storages that do not grow with it
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class AuxProfile:
     forward_flops: float
     activation_bytes: int     # kept storages other than the head's input
     input_saved_bytes: int    # the boundary state, if the head keeps it
+    activation_fixed_bytes: int = 0  # per batch: kept storages that do not grow with it (BN statistics)
 
 
 @dataclass(frozen=True)

@@ -101,13 +101,33 @@ def _loss(logits: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits, target)
 
 
+class _OneThread:
+    """Batch-1 profiling is dominated by per-op overhead: extra intra-op threads only wait on each
+    other (and on anything else running), so profile on one."""
+
+    def __enter__(self):
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.threads)
+
+
 def profile_model(ref: ModelRef, widths=None) -> ModelProfile:
-    torch.manual_seed(0)
-    model = build(ref, widths)
-    model.train()
-    _, _, _, weight_ptrs = _weights(model)
+    with _OneThread():
+        return _profile_model(ref, widths)
+
+
+def profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
+    with _OneThread():
+        return _profile_aux(ref, widths, boundary, kind)
+
+
+def _saved_pass(model, batch: int, weight_ptrs: set[int]):
+    """One training forward (and loss) at `batch`, layer by layer: per layer its description and the bytes
+    of kept storages attributed as the module doc says (act, carried, out_saved)."""
     saved = _SavedTensors(weight_ptrs)
-    x = model.example_input(1)
+    x = model.example_input(batch)
     state, rows = x, []
     with saved.hooks():
         for i, layer in enumerate(model.layers):
@@ -132,30 +152,58 @@ def profile_model(ref: ModelRef, widths=None) -> ModelProfile:
                 carried[o] += size
             if ptr in rows[o]["out_ptrs"]:
                 out_saved[o] += size
-    layers = tuple(LayerProfile(**{k: v for k, v in r.items() if k != "out_ptrs"}, activation_bytes=act[i],
-                                carried_bytes=carried[i], output_saved_bytes=out_saved[i])
-                   for i, r in enumerate(rows))
+    for r in rows:
+        del r["out_ptrs"]
+    return x, rows, act, carried, out_saved
+
+
+def _split(one: int, two: int) -> tuple[int, int]:
+    """(per sample, per batch) from the bytes kept at batch 1 and at batch 2."""
+    per_sample = max(two - one, 0)
+    return per_sample, one - per_sample
+
+
+def _profile_model(ref: ModelRef, widths=None) -> ModelProfile:
+    torch.manual_seed(0)
+    model = build(ref, widths)
+    model.train()
+    _, _, _, weight_ptrs = _weights(model)
+    # batch 1 gives the per-sample description; batch 2 separates what autograd keeps per sample from
+    # what it keeps once per batch (BN's saved mean and inverse std per channel, the loss's total weight)
+    x, rows, act1, carried1, out1 = _saved_pass(model, 1, weight_ptrs)
+    _, _, act2, carried2, out2 = _saved_pass(model, 2, weight_ptrs)
+    layers = []
+    for i, r in enumerate(rows):
+        act, act_fixed = _split(act1[i], act2[i])
+        layers.append(LayerProfile(**r, activation_bytes=act, carried_bytes=_split(carried1[i], carried2[i])[0],
+                                   output_saved_bytes=_split(out1[i], out2[i])[0],
+                                   activation_fixed_bytes=act_fixed))
+    layers = tuple(layers)
     return ModelProfile(model=ref, widths=tuple(widths) if widths is not None else tuple([1.0] * len(layers)),
                         input_shape=tuple(model.input_shape), input_bytes=_nbytes(x), num_classes=model.num_classes,
                         cut_points=tuple(model.cut_points), stages=tuple(model.stages), layers=layers)
 
 
-def profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
+def _profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
     torch.manual_seed(0)
     model = build(ref, widths)
     head = model.aux_head(boundary, kind)
     model.train()
     head.train()
-    with torch.no_grad():
-        state = model(model.example_input(1), 0, boundary)
-    state = state.detach().requires_grad_(True)
     params, param_bytes, buffer_bytes, ptrs = _weights(head)
-    saved = _SavedTensors(ptrs)
-    with saved.hooks():
-        logits, flops = _flops(lambda: head(state))
-        _loss(logits)
-    in_ptr = state.untyped_storage().data_ptr()
-    internal = sum(s for p, s in saved.size.items() if p != in_ptr)
+    kept = []
+    for batch in (1, 2):  # per-sample and per-batch bytes, as for the layers
+        with torch.no_grad():
+            state = model(model.example_input(batch), 0, boundary)
+        state = state.detach().requires_grad_(True)
+        saved = _SavedTensors(ptrs)
+        with saved.hooks():
+            logits, flops = _flops(lambda: head(state))
+            _loss(logits)
+        in_ptr = state.untyped_storage().data_ptr()
+        kept.append((sum(s for p, s in saved.size.items() if p != in_ptr), saved.size.get(in_ptr, 0), flops))
+    (internal1, input1, flops), (internal2, input2, _) = kept
+    internal, internal_fixed = _split(internal1, internal2)
     return AuxProfile(boundary=boundary, kind=kind, params=params, param_bytes=param_bytes, buffer_bytes=buffer_bytes,
-                      forward_flops=flops, activation_bytes=internal,
-                      input_saved_bytes=saved.size.get(in_ptr, 0))
+                      forward_flops=flops, activation_bytes=internal, input_saved_bytes=_split(input1, input2)[0],
+                      activation_fixed_bytes=internal_fixed)

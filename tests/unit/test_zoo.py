@@ -25,6 +25,16 @@ SMALL = {"resnet20": dict(input_shape=(3, 8, 8)), "resnet32": dict(input_shape=(
          "transformer": dict(context=16), "vit": dict(input_shape=(3, 8, 8))}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # These models are tiny: a second intra-op thread only spins, and on a busy 2-core machine it
+    # made this file 10x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def small(name: str) -> ModelRef:
     return ModelRef.of(name, **SMALL[name])
 
@@ -185,7 +195,8 @@ def test_widths_scale_hidden_sizes():
     assert [cnn.layers[0][0].out_channels, cnn.layers[1][0].out_channels, cnn.layers[2][1].out_features] == [16, 32, 256]
     dense = build(ModelRef.of("densenet40"), [1.0] + [0.5] * 39)
     assert dense.layers[1].body[2].out_channels == 6                 # growth 12 scaled
-    assert dense.layers[13][2].out_channels == 16 + 12 * 6           # transition keeps what it reads
+    transition = dense.layers[13][2]
+    assert (transition.in_channels, transition.out_channels) == (16 + 12 * 6, 160 // 2)
     lm = build(ModelRef.of("transformer", context=16), [0.25] * 8)
     block = lm.layers[1]
     assert (block.attn.head_dim, block.attn.heads, block.hidden) == (8, 3, 96)

@@ -1,0 +1,1 @@
+"""MQTT broker deployment (edgefl.broker): configuration, credentials, ACLs, launcher."""

@@ -1,0 +1,48 @@
+"""`edgefl-device`: the command a device operator runs. `info` reports what this device offers edgefl
+(memory, cores, architecture, which training runtimes are installed) without importing any of them."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import sys
+
+import psutil
+
+RUNTIME_MODULES = {"ort": "onnxruntime", "executorch": "executorch", "torch": "torch"}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def device_info() -> dict:
+    mem = psutil.virtual_memory()
+    return {"machine": platform.machine(), "system": platform.system(), "python": platform.python_version(),
+            "cpu_count": psutil.cpu_count(logical=True), "ram_bytes": mem.total, "available_bytes": mem.available,
+            "runtimes": {name: _installed(module) for name, module in RUNTIME_MODULES.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgefl-device", description="edgefl device agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="what this device offers: memory, cores, installed runtimes")
+    info.add_argument("--format", choices=("table", "json"), default="table")
+    args = parser.parse_args(argv)
+    facts = device_info()
+    if args.format == "json":
+        print(json.dumps(facts, indent=2))
+    else:
+        for key, value in facts.items():
+            if key == "runtimes":
+                value = ", ".join(f"{k}: {'installed' if v else 'missing'}" for k, v in value.items())
+            print(f"{key:16} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

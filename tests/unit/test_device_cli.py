@@ -1,0 +1,16 @@
+import json
+import os
+import subprocess
+import sys
+
+
+def test_device_info_reports_memory_and_runtimes_without_torch():
+    # torch blocked from import: the device agent must not need it
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from edgefl.device_runtime.cli import main\n"
+            "sys.exit(main(['info', '--format', 'json']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=60)
+    assert r.returncode == 0, r.stderr
+    facts = json.loads(r.stdout)
+    assert facts["ram_bytes"] > 0 and facts["cpu_count"] >= 1
+    assert set(facts["runtimes"]) == {"ort", "executorch", "torch"}
