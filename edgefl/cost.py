@@ -63,6 +63,22 @@ def activation_bytes_per_sample(profile: ModelProfile, config: TrainConfig, aux:
     return total
 
 
+def activation_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile]) -> int:
+    """Bytes autograd keeps for one batch: per-sample bytes times the batch, plus what the trained layers
+    keep once per batch whatever its size (BN's per-channel statistics, the loss's total weight)."""
+    fixed = sum(profile.layers[i].activation_fixed_bytes for i in config.trained_layers)
+    fixed += aux.activation_fixed_bytes if aux is not None else 0
+    return config.batch_size * activation_bytes_per_sample(profile, config, aux) + fixed
+
+
+def transient_bytes(profile: ModelProfile, config: TrainConfig) -> int:
+    """Per sample, the largest transient: a layer's input and output state alive together (forward of
+    frozen layers, output and input gradients in backward of trained ones)."""
+    b, layers = config.end, profile.layers
+    ins = [profile.input_bytes] + [l.output_bytes for l in layers[: b - 1]]
+    return max(i + l.output_bytes for i, l in zip(ins, layers[:b], strict=True)) if b else profile.input_bytes
+
+
 def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
          aux: Optional[AuxProfile] = None, constants: Optional[RuntimeConstants] = None) -> Cost:
     if config.num_layers != profile.num_layers:
@@ -79,10 +95,7 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
     trained_buffer_bytes = sum(l.buffer_bytes for l in trained) + aux_buffer
     frozen_bytes = sum(l.param_bytes + l.buffer_bytes for l in frozen)
 
-    # largest transient: a layer's input and output state alive together (forward of frozen layers,
-    # output and input gradients in backward of trained ones), plus the input batch itself
-    ins = [profile.input_bytes] + [l.output_bytes for l in layers[: b - 1]]
-    transient = max(i + l.output_bytes for i, l in zip(ins, layers[:b], strict=True)) if b else profile.input_bytes
+    transient = transient_bytes(profile, config)
     workspace = k.workspace_fixed_bytes + int(k.workspace_factor * B * transient) + B * profile.input_bytes
 
     fwd = [l.forward_flops for l in layers[:b]] + ([aux.forward_flops] if aux else [])
@@ -95,7 +108,7 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
         weights_trained_bytes=trained_param_bytes + trained_buffer_bytes,
         gradient_bytes=trained_param_bytes,
         optimizer_bytes=OPTIMIZER_STATE_SLOTS[config.optimizer] * trained_param_bytes,
-        activation_bytes=B * activation_bytes_per_sample(profile, config, aux),
+        activation_bytes=activation_bytes(profile, config, aux),
         workspace_bytes=workspace,
         flops_per_sample=flops,
         upload_bytes=trained_param_bytes + trained_buffer_bytes,

@@ -130,15 +130,17 @@ def measure_activation_bytes(ref: ModelRef, config: TrainConfig) -> int:
         s = t.untyped_storage()
         if s.data_ptr() not in excluded and t.device.type != "meta":
             sizes[s.data_ptr()] = s.nbytes()
+        # a detached alias: handing back `t` itself would let a saved output reach its own grad_fn, a
+        # reference cycle through autograd's C++ nodes that leaks the whole graph
+        t = t.detach()
         keep.append(t)
         return t
 
-    optimizer = make_optimizer(model, head, config)
+    # autograd packs what it keeps while the graph is built: the forward pass and the loss are the whole
+    # of it (backward and the optimizer step only consume and free), so they need not run here
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = loss_of(model, head, config, x, y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    del loss, keep
     return sum(sizes.values())
 
 

@@ -60,6 +60,10 @@ class GroupPlan:
     def excluded(self) -> bool:
         return not self.steps
 
+    def step_at(self, round: int) -> Optional[Step]:
+        """The step this group trains in `round`, or None if it sits the round out."""
+        return next((s for s in self.steps if s.rounds[0] <= round <= s.rounds[1]), None)
+
     def to_json(self) -> dict:
         return {"count": self.count, "runtime": self.runtime, "examples": self.examples,
                 "budget": {"memory_bytes": self.memory_budget_bytes, "upload_bytes": self.upload_budget_bytes,

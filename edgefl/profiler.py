@@ -44,6 +44,9 @@ class _SavedTensors:
         if ptr not in self.excluded and t.device.type != "meta":
             self.size[ptr] = _nbytes(t)
             self.owners[ptr].add(self.owner)
+        # keep and hand back a detached alias: returning `t` itself lets a saved output reach its own
+        # grad_fn, a reference cycle through autograd's C++ nodes that leaks every profiled graph
+        t = t.detach()
         self._keep.append(t)
         return t
 
@@ -157,10 +160,10 @@ def _saved_pass(model, batch: int, weight_ptrs: set[int]):
     return x, rows, act, carried, out_saved
 
 
-def _split(one: int, two: int) -> tuple[int, int]:
-    """(per sample, per batch) from the bytes kept at batch 1 and at batch 2."""
+def _split(one: int, two: int, batch: int = 1) -> tuple[int, int]:
+    """(per sample, per batch) from the bytes kept at `batch` and at `batch + 1`."""
     per_sample = max(two - one, 0)
-    return per_sample, one - per_sample
+    return per_sample, one - batch * per_sample
 
 
 def _profile_model(ref: ModelRef, widths=None) -> ModelProfile:
@@ -192,7 +195,9 @@ def _profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
     head.train()
     params, param_bytes, buffer_bytes, ptrs = _weights(head)
     kept = []
-    for batch in (1, 2):  # per-sample and per-batch bytes, as for the layers
+    # per-sample and per-batch bytes as for the layers, from batches 2 and 3: BN in train mode needs more
+    # than one value per channel, and a head's conv may see a 1x1 map
+    for batch in (2, 3):
         with torch.no_grad():
             state = model(model.example_input(batch), 0, boundary)
         state = state.detach().requires_grad_(True)
@@ -202,8 +207,8 @@ def _profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
             _loss(logits)
         in_ptr = state.untyped_storage().data_ptr()
         kept.append((sum(s for p, s in saved.size.items() if p != in_ptr), saved.size.get(in_ptr, 0), flops))
-    (internal1, input1, flops), (internal2, input2, _) = kept
-    internal, internal_fixed = _split(internal1, internal2)
+    (internal2, input2, flops2), (internal3, input3, _) = kept
+    internal, internal_fixed = _split(internal2, internal3, 2)
     return AuxProfile(boundary=boundary, kind=kind, params=params, param_bytes=param_bytes, buffer_bytes=buffer_bytes,
-                      forward_flops=flops, activation_bytes=internal, input_saved_bytes=_split(input1, input2)[0],
-                      activation_fixed_bytes=internal_fixed)
+                      forward_flops=flops2 / 2, activation_bytes=internal,
+                      input_saved_bytes=_split(input2, input3, 2)[0], activation_fixed_bytes=internal_fixed)

@@ -44,6 +44,7 @@ def plan(
     classes: Optional[int] = typer.Option(None, "--classes", min=2),
     vocab: Optional[int] = typer.Option(None, "--vocab", min=2),
     context: Optional[int] = typer.Option(None, "--context", min=2),
+    input_shape: Optional[str] = typer.Option(None, "--input-shape", help="C,H,W of one sample, e.g. 1,28,28"),
     blocks: Optional[int] = typer.Option(None, "--blocks", min=1, help="profl: number of blocks (default: stages)"),
     calibration: Optional[Path] = typer.Option(None, "--calibration", help="runtime constants from 'edgefl calibrate'"),
     fmt: Format = typer.Option(Format.table, "--format"),
@@ -59,7 +60,7 @@ def plan(
 
     fleet = load_fleet(devices)
     depths = parse_int_list(layers, "--layers")
-    ref = model_ref(model, depths, classes, vocab, context)
+    ref = model_ref(model, depths, classes, vocab, context, input_shape)
     strategy = get_strategy(method)
     if method == "caff" and depths:
         strategy.depths = depths
@@ -101,6 +102,7 @@ def profile(
     runtime: str = typer.Option("torch", "--runtime"),
     layers: Optional[int] = typer.Option(None, "--layers", min=1),
     classes: Optional[int] = typer.Option(None, "--classes", min=2),
+    input_shape: Optional[str] = typer.Option(None, "--input-shape", help="C,H,W of one sample, e.g. 1,28,28"),
     measure: bool = typer.Option(False, "--measure", help="also measure on this machine (torch runtime)"),
     calibration: Optional[Path] = typer.Option(None, "--calibration"),
     fmt: Format = typer.Option(Format.table, "--format"),
@@ -113,7 +115,7 @@ def profile(
     from edgefl.profile import ProfileStore
     from edgefl.trainconfig import TrainConfig
 
-    ref = model_ref(model, [layers] if layers else None, classes)
+    ref = model_ref(model, [layers] if layers else None, classes, input_shape=input_shape)
     constants = load_calibration(calibration)
     if runtime not in constants:
         raise ConfigError(f"--runtime: unknown runtime {runtime!r}; choose one of {', '.join(constants)}")
@@ -146,6 +148,11 @@ def profile(
     else:
         cost_table(predicted, measured, stdout, f"{ref.label()}, frozen {frozen_prefix}, head width {head_width:g}, "
                                                 f"batch {batch_size}, {runtime}")
+
+
+from edgefl.cli.emulate_cmd import emulate  # noqa: E402  (torch is imported inside the command)
+
+app.command()(emulate)
 
 
 def run() -> None:

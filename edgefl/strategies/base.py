@@ -94,11 +94,27 @@ class PlanContext:
 
 
 class Strategy:
-    """Planning half of a method. Subclasses set `name` and implement `plan`."""
+    """A method: `plan` (planning half) and the hooks the round loop calls (training half).
+    Subclasses set `name`, implement `plan` and override only the hooks they change."""
     name: ClassVar[str] = ""
+    # aggregation rule (edgefl.submodel.aggregate): 'trained' averages each entry over the devices that
+    # trained it (FedOLF alg. 1, ProFL eq. 1, FeDepth); 'sampled' also counts sampled devices that did not
+    # train it, with the previous global value (the CoCoFL/CAFF layer-wise rule)
+    aggregation: ClassVar[str] = "trained"
 
     def plan(self, ctx: PlanContext) -> Plan:
         raise NotImplementedError
+
+    def configure_round(self, plan: Plan, round: int, group: str) -> Optional[Step]:
+        """The step a device of `group` trains in `round`; the plan's, unless a method decides online."""
+        return plan.groups[group].step_at(round)
+
+    def trainer_options(self, round: int, step: Step) -> dict:
+        """Method-specific switches for the device's trainer (FjORD's widths, DepthFL's distillation)."""
+        return {}
+
+    def after_round(self, round: int, record) -> None:
+        """Online decisions after aggregation (ProFL's block freezing)."""
 
     def new_plan(self, ctx: PlanContext, groups: dict[str, GroupPlan], notes: Sequence[str] = ()) -> Plan:
         return Plan(method=self.name, model=ctx.model, rounds=ctx.rounds, batch_size=ctx.batch_size,

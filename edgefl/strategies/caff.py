@@ -27,6 +27,7 @@ def architectures(model: ModelRef, depths: Optional[Sequence[int]] = None) -> li
 
 class CAFF(Strategy):
     name = "caff"
+    aggregation = "sampled"   # CAFF eq. 4/5: layer-wise weighted averaging over the round's devices
 
     def __init__(self, depths: Optional[Sequence[int]] = None):
         self.depths = depths

@@ -3,7 +3,8 @@
 Every architecture is a `LayeredModel`: `layers[i]` maps state i to state i+1, where state 0 is the
 input batch and the last state is the logits. A *boundary* b is the state between layers b-1 and b;
 auxiliary heads (ProFL output modules, FeDepth skip classifiers, DepthFL exits) attach at boundaries
-listed in `cut_points`, where the state is a single tensor.
+listed in `cut_points`, where the state is a single tensor. Builders tag the channel spaces each tensor
+indexes (edgefl.zoo.spaces); `channel_dims()` reports them.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
+
+from edgefl.zoo.spaces import Dim, tag, tensor_dims
 
 
 def scaled(channels: int, width: float) -> int:
@@ -55,6 +58,10 @@ class LayeredModel(nn.Module):
             raise ValueError(f"no auxiliary head can attach at boundary {boundary}; cut points: {self.cut_points}")
         return self._aux_factory(boundary, kind)
 
+    def channel_dims(self) -> dict:
+        """Per state_dict entry, per dimension: the channel spaces it indexes (a Dim) or None."""
+        return tensor_dims(self)
+
     def example_input(self, batch: int = 1) -> torch.Tensor:
         if self.input_dtype == torch.long:
             return torch.randint(0, self.num_classes, (batch, *self.input_shape))
@@ -70,8 +77,10 @@ class LayeredModel(nn.Module):
 
 
 class ConvBNReLU(nn.Sequential):
-    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, relu: bool = True):
-        mods = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False), nn.BatchNorm2d(cout)]
+    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, relu: bool = True, *,
+                 out: Dim | None = None, inp: Dim | None = None):
+        mods = [tag(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False), out, inp),
+                tag(nn.BatchNorm2d(cout), out)]
         if relu:
             mods.append(nn.ReLU())
         super().__init__(*mods)
@@ -79,25 +88,29 @@ class ConvBNReLU(nn.Sequential):
 
 class PoolLinear(nn.Module):
     """Global average pool over H, W, then a linear classifier."""
-    def __init__(self, cin: int, classes: int):
+    def __init__(self, cin: int, classes: int, *, inp: Dim | None = None):
         super().__init__()
-        self.fc = nn.Linear(cin, classes)
+        self.fc = tag(nn.Linear(cin, classes), None, inp)
 
     def forward(self, x):
         return self.fc(x.mean(dim=(2, 3)))
 
 
-def conv_output_module(channels: Sequence[int], strides: Sequence[int], classes: int) -> nn.Module:
+def conv_output_module(channels: Sequence[int], strides: Sequence[int], classes: int,
+                       dims: Sequence[Dim | None] | None = None) -> nn.Module:
     """ProFL output module: one conv+BN+ReLU per remaining stage (channels[0] -> channels[1] -> ...),
-    then pool + linear."""
-    mods = [ConvBNReLU(a, b, 3, s) for a, b, s in zip(channels[:-1], channels[1:], strides, strict=True)]
-    return nn.Sequential(*mods, PoolLinear(channels[-1], classes))
+    then pool + linear. dims[i]: the channel spaces of channels[i]."""
+    dims = [None] * len(channels) if dims is None else dims
+    mods = [ConvBNReLU(a, b, 3, s, out=db, inp=da) for a, b, s, da, db in
+            zip(channels[:-1], channels[1:], strides, dims[:-1], dims[1:], strict=True)]
+    return nn.Sequential(*mods, PoolLinear(channels[-1], classes, inp=dims[-1]))
 
 
 class FlattenLinear(nn.Sequential):
     """Flatten all but the batch dimension, then a linear layer (+ ReLU)."""
-    def __init__(self, cin: int, cout: int, relu: bool = False):
-        super().__init__(nn.Flatten(), nn.Linear(cin, cout), *([nn.ReLU()] if relu else []))
+    def __init__(self, cin: int, cout: int, relu: bool = False, *, out: Dim | None = None,
+                 inp: Dim | None = None):
+        super().__init__(nn.Flatten(), tag(nn.Linear(cin, cout), out, inp), *([nn.ReLU()] if relu else []))
 
 
 def stages_ahead(stages: Sequence[int], boundary: int) -> list[tuple[int, int]]:

@@ -4,7 +4,9 @@ three q/k/v linears (no chunk/split), softmax attention written out (no SDPA), c
 Width s of a block scales its per-head dimension, floor(s * embed/heads), and its MLP hidden size,
 floor(s * ratio * embed), never the residual width `embed`, so any width vector composes. The q/k/v
 outputs are laid out dimension-major (index d * heads + h), so a narrower head dimension keeps a prefix
-of every weight's rows or columns, like the channels of the CNNs.
+of every weight's rows or columns, like the channels of the CNNs. Channel spaces (edgefl.zoo.spaces):
+block i's per-head dimension 'L<i>.head' (q/k/v rows and proj columns, inner = heads) and its MLP hidden
+'L<i>.mlp'; the residual width is never sliced.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from torch import nn
 
 from edgefl.zoo.base import scaled, stages_ahead
+from edgefl.zoo.spaces import Dim, seg, tag
 
 
 class Attention(nn.Module):
@@ -44,21 +47,29 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Sequential):
-    def __init__(self, embed: int, hidden: int):
-        super().__init__(nn.Linear(embed, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, embed))
+    def __init__(self, embed: int, hidden: int, dim: Dim | None = None):
+        super().__init__(tag(nn.Linear(embed, hidden), dim), nn.GELU(approximate="tanh"),
+                         tag(nn.Linear(hidden, embed), None, dim))
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(LN(x)), then x + mlp(LN(x))."""
+    """Pre-LN transformer block: x + attn(LN(x)), then x + mlp(LN(x)). `layer`: its index in the model,
+    naming its channel spaces (untagged when None)."""
     def __init__(self, embed: int, heads: int, width: float = 1.0, mlp_ratio: int = 4, causal: bool = False,
-                 context: int = 0):
+                 context: int = 0, layer: int | None = None):
         super().__init__()
         if embed % heads:
             raise ValueError(f"embedding {embed} is not divisible by {heads} heads")
         self.ln1 = nn.LayerNorm(embed)
         self.attn = Attention(embed, heads, scaled(embed // heads, width), causal, context)
         self.ln2 = nn.LayerNorm(embed)
-        self.mlp = MLP(embed, scaled(mlp_ratio * embed, width))
+        self.mlp_dim = None if layer is None else seg(f"L{layer}.mlp", mlp_ratio * embed, layer)
+        self.mlp = MLP(embed, scaled(mlp_ratio * embed, width), self.mlp_dim)
+        if layer is not None:
+            head = seg(f"L{layer}.head", embed // heads, layer, inner=heads)     # index d * heads + h
+            for proj in (self.attn.q, self.attn.k, self.attn.v):
+                tag(proj, head)
+            tag(self.attn.proj, None, head)
 
     @property
     def hidden(self) -> int:
@@ -71,10 +82,10 @@ class Block(nn.Module):
 
 class MLPBlock(nn.Module):
     """The attention-free half of a block, x + mlp(LN(x)): one per stage in a transformer's output module."""
-    def __init__(self, embed: int, hidden: int):
+    def __init__(self, embed: int, hidden: int, dim: Dim | None = None):
         super().__init__()
         self.ln = nn.LayerNorm(embed)
-        self.mlp = MLP(embed, hidden)
+        self.mlp = MLP(embed, hidden, dim)
 
     def forward(self, x):
         return x + self.mlp(self.ln(x))
@@ -112,15 +123,19 @@ def group_ends(blocks: int, groups: int = 4, first: int = 1) -> list[int]:
     return ends
 
 
-def transformer_aux(embed: int, classes: int, pool: str, stages: Sequence[int], hidden: Sequence[int]):
+def transformer_aux(embed: int, classes: int, pool: str, stages: Sequence[int], hidden: Sequence[int],
+                    dims: Sequence[Dim | None] | None = None):
     """aux_factory for a [embedding, blocks..., head] model. 'linear': the head alone (LN + linear);
     'conv': one MLPBlock per stage still ahead (hidden size of that stage's last block), then the head.
-    `stages` starts with the embedding's boundary 1; hidden[i] is the MLP hidden size of layer i."""
+    `stages` starts with the embedding's boundary 1; hidden[i] is the MLP hidden size of layer i and
+    dims[i] its channel space."""
+    dims = [None] * len(hidden) if dims is None else dims
+
     def aux(boundary: int, kind: str) -> nn.Module:
         if kind == "linear":
             return TokenHead(embed, classes, pool)
         if kind == "conv":
-            mods = [MLPBlock(embed, hidden[end - 1]) for _, end in stages_ahead(stages, boundary)]
+            mods = [MLPBlock(embed, hidden[end - 1], dims[end - 1]) for _, end in stages_ahead(stages, boundary)]
             return nn.Sequential(*mods, TokenHead(embed, classes, pool))
         raise ValueError(f"unknown auxiliary head kind {kind!r}")
     return aux

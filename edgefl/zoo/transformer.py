@@ -45,10 +45,10 @@ def transformer_lm(widths=None, input_shape=None, num_classes=None, layers: int 
         raise ValueError("a transformer needs at least one block")
     w = full_widths(widths, layers + 2)
     mods: list[nn.Module] = [TokenEmbedding(vocab, embed, context)]
-    mods += [Block(embed, heads, w[i], causal=True, context=context) for i in range(1, layers + 1)]
+    mods += [Block(embed, heads, w[i], causal=True, context=context, layer=i) for i in range(1, layers + 1)]
     mods.append(TokenHead(embed, vocab, "tokens"))
     stages = group_ends(layers)
     hidden = [getattr(m, "hidden", 0) for m in mods]
-    aux = transformer_aux(embed, vocab, "tokens", [1] + stages, hidden)
+    aux = transformer_aux(embed, vocab, "tokens", [1] + stages, hidden, [getattr(m, "mlp_dim", None) for m in mods])
     return LayeredModel(mods, input_shape=input_shape, num_classes=vocab, cut_points=range(1, layers + 2),
                         stages=stages, aux_factory=aux, input_dtype=torch.long)

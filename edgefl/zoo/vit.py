@@ -44,10 +44,10 @@ def vit(widths=None, input_shape=(3, 32, 32), num_classes: int = 10, depth: int 
         raise ValueError("a ViT needs at least one block")
     w = full_widths(widths, depth + 2)
     mods: list[nn.Module] = [PatchEmbedding(cin, embed, patch, (height // patch) * (width // patch))]
-    mods += [Block(embed, heads, w[i], mlp_ratio) for i in range(1, depth + 1)]
+    mods += [Block(embed, heads, w[i], mlp_ratio, layer=i) for i in range(1, depth + 1)]
     mods.append(TokenHead(embed, num_classes, "cls"))
     stages = group_ends(depth)
     hidden = [getattr(m, "hidden", 0) for m in mods]
-    aux = transformer_aux(embed, num_classes, "mean", [1] + stages, hidden)
+    aux = transformer_aux(embed, num_classes, "mean", [1] + stages, hidden, [getattr(m, "mlp_dim", None) for m in mods])
     return LayeredModel(mods, input_shape=input_shape, num_classes=num_classes, cut_points=range(1, depth + 2),
                         stages=stages, aux_factory=aux)

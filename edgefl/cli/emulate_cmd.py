@@ -1,0 +1,109 @@
+"""`edgefl emulate`: plan a fleet, then train it end to end on this machine (CPU or CUDA)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from edgefl.errors import ConfigError
+
+
+def _subset(dataset, limit: Optional[int], seed: int):
+    """The first `limit` examples of a seeded permutation (a reproducible subset)."""
+    if limit is None or limit >= len(dataset.y):
+        return dataset
+    import numpy as np
+    keep = np.sort(np.random.default_rng(seed).permutation(len(dataset.y))[:limit])
+    groups = dataset.groups[keep] if getattr(dataset, "groups", None) is not None else None
+    return dataclasses.replace(dataset, x=dataset.x[keep], y=dataset.y[keep],
+                               **({"groups": groups} if groups is not None else {}))
+
+
+def emulate(
+    devices: Path = typer.Option(..., "--devices"),
+    model: str = typer.Option(..., "--model"),
+    dataset: str = typer.Option(..., "--dataset", help="fashion-mnist, mnist, cifar10, cifar100, shakespeare"),
+    method: str = typer.Option(..., "--method"),
+    rounds: int = typer.Option(..., "--rounds", min=1),
+    output: Path = typer.Option(..., "-o", "--output", help="run folder, e.g. runs/NAME"),
+    clients_per_round: int = typer.Option(10, "--clients-per-round", min=1),
+    partition: str = typer.Option("iid", "--partition", help="iid | dirichlet:ALPHA | shards:LABELS | natural"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    seed: int = typer.Option(0, "--seed"),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    local_epochs: int = typer.Option(1, "--local-epochs", min=1),
+    lr: float = typer.Option(0.05, "--lr", min=0.0),
+    eval_every: int = typer.Option(1, "--eval-every", min=1),
+    train_limit: Optional[int] = typer.Option(None, "--train-limit", min=1, help="use a seeded subset of the training set"),
+    test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1),
+    data_root: Optional[Path] = typer.Option(None, "--data-root"),
+    layers: Optional[str] = typer.Option(None, "--layers"),
+    classes: Optional[int] = typer.Option(None, "--classes", min=2),
+    input_shape: Optional[str] = typer.Option(None, "--input-shape"),
+):
+    """Train the whole fleet in one process, each virtual device held to its budget."""
+    from edgefl.cli.main import stdout
+    from edgefl.cli.options import model_ref, parse_int_list
+    from edgefl.coordinator import LoopSettings
+    from edgefl.data import load_dataset, parse_partition
+    from edgefl.device_runtime.trainers.torch_trainer import resolve_device
+    from edgefl.emulation import emulate as run_emulation
+    from edgefl.fleet import load_fleet
+    from edgefl.history import write_history
+    from edgefl.plan import verify
+    from edgefl.strategies import PlanContext, get_strategy
+
+    resolve_device(device)  # fail before any work when CUDA is asked for and absent
+    fleet = load_fleet(devices)
+    split = parse_partition(partition)
+    train = _subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
+    test = _subset(load_dataset(dataset, root=data_root, split="test"), test_limit, seed + 1)
+    if input_shape is None and model != "transformer" and train.x.ndim == 4:
+        input_shape = ",".join(str(d) for d in train.x.shape[1:])
+    if classes is None and model != "transformer":
+        classes = train.classes
+    ref = model_ref(model, parse_int_list(layers, "--layers"), classes, input_shape=input_shape)
+    strategy = get_strategy(method)
+    plan = verify(strategy.plan(PlanContext(fleet, ref, rounds=rounds, batch_size=batch_size,
+                                            local_epochs=local_epochs)), fleet)
+    ref = plan.model  # CAFF may choose another depth
+    n_devices = fleet.device_count
+    shares = split.split(train.y, n_devices, seed, groups=getattr(train, "groups", None))
+    if len(shares) < n_devices:
+        raise ConfigError(f"--partition {partition}: the data has {len(shares)} natural clients for "
+                          f"{n_devices} devices; use a smaller fleet or another partition")
+    shares = shares[:n_devices]
+
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "config.json").write_text(json.dumps({
+        "devices": str(devices), "model": ref.to_json(), "dataset": dataset, "method": method, "rounds": rounds,
+        "clients_per_round": clients_per_round, "partition": partition, "device": device, "seed": seed,
+        "batch_size": batch_size, "local_epochs": local_epochs, "lr": lr, "train_examples": len(train.y),
+        "test_examples": len(test.y)}, indent=2) + "\n")
+    plan.write(output / "plan.json")
+    for g in plan.groups.values():
+        if g.excluded:
+            stdout.print(f"[yellow]group {g.name} excluded[/]: {g.reason}")
+    settings = LoopSettings(rounds=rounds, clients_per_round=clients_per_round, seed=seed, eval_every=eval_every,
+                            lr=lr, lr_final=lr / 10)
+    records = []
+    with Progress(TextColumn("round {task.completed}/{task.total}"), BarColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[acc]}"), console=stdout, transient=False) as bar:
+        task = bar.add_task("emulate", total=rounds, acc="")
+
+        def on_round(record):
+            records.append(record)
+            write_history(records, output / "history.json")
+            acc = f"accuracy {record.accuracy:.3f}" if record.accuracy is not None else ""
+            bar.update(task, advance=1, acc=acc)
+
+        _, server = run_emulation(fleet, plan, strategy, ref, train, test, shares, settings, device, on_round)
+    import torch
+    torch.save(server.state, output / "weights.pt")
+    last = next((r.accuracy for r in reversed(records) if r.accuracy is not None), None)
+    stdout.print(f"{method} on {ref.label()}: {rounds} rounds" + (f", final accuracy {last:.4f}" if last is not None else "")
+                 + f"; run written to {output}")

@@ -1,0 +1,85 @@
+"""What crosses between the coordinator and a device: RoundInstruction down, DeviceReport up.
+
+Versioned and validated on read. Tensors travel as a mapping of global tensor names to arrays; on a
+wire they become one flat float32 buffer in the order the manifest states.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from edgefl.errors import ReportRejected
+from edgefl.trainconfig import TrainConfig
+
+INSTRUCTION_SCHEMA = "edgefl.instruction/1"
+REPORT_SCHEMA = "edgefl.report/1"
+
+
+@dataclass(frozen=True)
+class RoundInstruction:
+    round: int
+    device_id: str
+    config: TrainConfig
+    weights_version: int
+    seed: int
+    lr: float
+    deadline_s: Optional[float] = None
+    options: tuple[tuple[str, Any], ...] = ()   # method-specific switches for the trainer (e.g. fjord widths)
+
+    @property
+    def config_hash(self) -> str:
+        return self.config.hash()
+
+    def option(self, name: str, default=None):
+        return dict(self.options).get(name, default)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(schema=INSTRUCTION_SCHEMA, config=self.config.to_json(), config_hash=self.config_hash,
+                 options=dict(self.options))
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RoundInstruction":
+        if d.get("schema") != INSTRUCTION_SCHEMA:
+            raise ValueError(f"unknown instruction schema {d.get('schema')!r}; expected {INSTRUCTION_SCHEMA!r}")
+        return cls(round=d["round"], device_id=d["device_id"], config=TrainConfig.from_json(d["config"]),
+                   weights_version=d["weights_version"], seed=d["seed"], lr=d["lr"], deadline_s=d.get("deadline_s"),
+                   options=tuple(sorted(d.get("options", {}).items())))
+
+
+@dataclass
+class DeviceReport:
+    round: int
+    device_id: str
+    config_hash: str
+    status: str                                   # "ok" | "failed"
+    examples: int = 0
+    loss_before: Optional[float] = None
+    loss_after: Optional[float] = None
+    tensors: dict[str, Any] = field(default_factory=dict)   # trained tensors by global name
+    wall_s: float = 0.0
+    peak_rss_bytes: Optional[int] = None
+    activation_bytes: Optional[int] = None       # measured by autograd hooks when asked
+    upload_bytes: int = 0
+    download_bytes: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def check(self, instruction: RoundInstruction) -> None:
+        """Reject a report that does not answer the instruction it claims to answer."""
+        if self.round != instruction.round:
+            raise ReportRejected(f"{self.device_id}: report for round {self.round}, expected {instruction.round}")
+        if self.config_hash != instruction.config_hash:
+            raise ReportRejected(f"{self.device_id}: report for config {self.config_hash}, "
+                                 f"expected {instruction.config_hash}")
+        if self.ok and self.examples <= 0:
+            raise ReportRejected(f"{self.device_id}: a successful report must count its examples")
+
+    def summary(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "tensors"}
+        d["schema"] = REPORT_SCHEMA
+        return d

@@ -1,0 +1,71 @@
+"""ProFL's block freezing determination (sec. 3.3): effective movement and its least-squares slope.
+
+For a scalar s of a block B with update U_s^k = s^k - s^{k-1} at round k, its movement over the last H
+rounds is D_{s,k}^H = |sum_{h=0}^{H-1} U_s^{k-h}|; the block's is D_{B,k}^H = sum_{s in B} D_{s,k}^H. The
+effective movement normalises it by the distance travelled,
+
+    EM_k = D_{B,k}^H / sum_{s in B} sum_{h=0}^{H-1} |U_s^{k-h}|    (in [0, 1]; 0 when nothing moved),
+
+near 1 while every scalar moves steadily one way and near 0 once they oscillate around an optimum. A
+block freezes when the least-squares slope of EM over the last `window` evaluations stays below phi for
+W consecutive evaluations. An evaluation is a round k with at least H + window - 1 earlier rounds.
+
+No torch: snapshots are arrays, tensors (anything numpy converts) or dicts of them (a block's state).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def _flat(snapshot: Any) -> np.ndarray:
+    if isinstance(snapshot, dict):
+        return np.concatenate([_flat(snapshot[k]) for k in sorted(snapshot)]) if snapshot else np.zeros(0)
+    return np.asarray(snapshot, dtype=np.float64).ravel()
+
+
+def movement_series(history: Sequence[Any], H: int) -> list[float]:
+    """EM_k for every round k >= H of a block's snapshots history[0..K] (one per round)."""
+    if H < 1:
+        raise ValueError(f"H must be >= 1, got {H}")
+    params = np.stack([_flat(s) for s in history]) if len(history) else np.zeros((0, 0))
+    updates = np.diff(params, axis=0)                       # updates[k - 1] = U^k
+    out = []
+    for k in range(H, len(history)):
+        window = updates[k - H: k]
+        travelled = np.abs(window).sum()
+        out.append(float(np.abs(window.sum(axis=0)).sum() / travelled) if travelled > 0 else 0.0)
+    return out
+
+
+def effective_movement(history: Sequence[Any], H: int) -> float:
+    """EM at the last round of `history` (needs H + 1 snapshots)."""
+    if len(history) < H + 1:
+        raise ValueError(f"effective movement over H={H} rounds needs {H + 1} snapshots, got {len(history)}")
+    return movement_series(history[-(H + 1):], H)[-1]
+
+
+def slope(values: Sequence[float]) -> float:
+    """Linear least-squares slope of values against 0, 1, 2, ..."""
+    y = np.asarray(values, dtype=np.float64)
+    if y.size < 2:
+        raise ValueError("a slope needs at least two values")
+    x = np.arange(y.size) - (y.size - 1) / 2
+    return float((x * (y - y.mean())).sum() / (x * x).sum())
+
+
+def slopes(history: Sequence[Any], H: int, window: int = 5) -> list[float]:
+    """The slope at each evaluation: over the last `window` effective movements."""
+    if window < 2:
+        raise ValueError(f"window must be >= 2, got {window}")
+    em = movement_series(history, H)
+    return [slope(em[i - window: i]) for i in range(window, len(em) + 1)]
+
+
+def should_freeze(history: Sequence[Any], H: int, W: int, phi: float, window: int = 5) -> bool:
+    """True when the slope stayed below phi for the last W consecutive evaluations."""
+    if W < 1:
+        raise ValueError(f"W must be >= 1, got {W}")
+    recent = slopes(history, H, window)[-W:]
+    return len(recent) == W and all(s < phi for s in recent)

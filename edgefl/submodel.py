@@ -1,0 +1,237 @@
+"""Submodels: which channels a device keeps, and the only code that slices or places tensors.
+
+A device runs `device_model(ref, config, indices)`: `build(ref, indices.widths)` cut after layer
+`config.end`, plus the auxiliary head `config.aux_head` at boundary `config.end` as submodule `aux`. Every
+width-scaled dimension indexes channel spaces of the global model (edgefl.zoo.spaces); `IndexSets` holds,
+for each reduced space, the global channels kept. `extract` slices the global state into the device state
+(frozen layers included: the device runs them), `embed` places the tensors the device trained into
+global-shaped tensors with a mask of the entries they cover, and `aggregate` combines such contributions.
+
+Auxiliary heads live in the global state as 'aux.<boundary>.<kind>.<name>' (one per boundary and kind) and
+on the device as 'aux.<name>'; a head the global state lacks starts from a seeded init (`ensure_aux`).
+"""
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Iterable, Literal, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from edgefl.errors import ConfigError, ReportRejected
+from edgefl.trainconfig import TrainConfig
+from edgefl.zoo import ModelRef, build
+from edgefl.zoo.base import scaled
+from edgefl.zoo.spaces import Dim, Seg, tensor_dims
+
+State = dict[str, torch.Tensor]
+Contribution = tuple[float, State, State]      # (local example count, placed, mask) from `embed`
+
+
+@dataclass(frozen=True)
+class IndexSets:
+    """widths: the device model's width per layer; kept: per reduced channel space, the sorted global
+    indices it keeps. A segment whose layer is at full width keeps every channel of its space."""
+    widths: tuple[float, ...]
+    kept: Mapping[str, tuple[int, ...]]
+
+    def channels(self, s: Seg) -> Sequence[int]:
+        local = scaled(s.size, self.widths[s.layer])
+        if local == s.size:
+            return range(s.size)
+        kept = self.kept.get(s.space, ())
+        if len(kept) != local:
+            raise ValueError(f"channel space {s.space}: layer {s.layer} has {local} of its {s.size} channels "
+                             f"but the index set keeps {len(kept)}")
+        return kept
+
+    def positions(self, dim: Dim) -> list[int]:
+        """The global entries of a dimension the device holds, in device order."""
+        out, offset = [], 0
+        for s in dim:
+            out += [offset + c * s.inner + j for c in self.channels(s) for j in range(s.inner)]
+            offset += s.size * s.inner
+        return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str                            # global state key
+    device_key: str
+    layer: int                          # layer holding the tensor; config.end for the auxiliary head
+    dims: tuple[Optional[Dim], ...]
+
+
+@lru_cache(maxsize=8)
+def _global(ref: ModelRef):
+    with torch.random.fork_rng(devices=[]):
+        model = build(ref)
+    return model, model.channel_dims()
+
+
+@lru_cache(maxsize=64)
+def _aux(ref: ModelRef, boundary: int, kind: str):
+    """The full-width auxiliary head's dims and its seeded initial state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(zlib.crc32(f"{ref.key()}/{boundary}/{kind}".encode()))
+        head = _global(ref)[0].aux_head(boundary, kind)
+    return tensor_dims(head), {k: v.detach().clone() for k, v in head.state_dict().items()}
+
+
+def aux_prefix(config: TrainConfig) -> str:
+    return f"aux.{config.end}.{config.aux_head}."
+
+
+@lru_cache(maxsize=256)
+def entries(ref: ModelRef, config: TrainConfig) -> tuple[Entry, ...]:
+    """The tensors a device with `config` holds: layers [0, end), then the auxiliary head."""
+    out = [Entry(k, k, int(k.split(".")[1]), d) for k, d in _global(ref)[1].items()]
+    out = [e for e in out if e.layer < config.end]
+    if config.aux_head is not None:
+        dims, _ = _aux(ref, config.end, config.aux_head)
+        out += [Entry(aux_prefix(config) + k, "aux." + k, config.end, d) for k, d in dims.items()]
+    return tuple(out)
+
+
+def _select(mode: str, size: int, keep: int, round: int, seed: str) -> tuple[int, ...]:
+    if mode == "prefix":                # HeteroFL, FjORD, small model, SLT's head
+        return tuple(range(keep))
+    if mode == "rolling":               # FedRolex, SLT eq. 3: {(r + i) mod M : 0 <= i < floor(sM)}
+        return tuple(sorted((round + i) % size for i in range(keep)))
+    if mode == "random":                # Federated Dropout: a fresh draw per device per round
+        return tuple(sorted(random.Random(seed).sample(range(size), keep)))
+    raise ValueError(f"unknown index_mode {mode!r}")
+
+
+def index_sets(ref: ModelRef, config: TrainConfig, round: int = 0, device_seed: int = 0) -> IndexSets:
+    """Keep floor(s*M) channels of each space the scaled layers (>= head_start) index, chosen by
+    `config.index_mode`; layers below head_start keep every channel. A space read at two sizes (a ResNet
+    stream crossing head_start) nests only as a prefix: other modes are refused there."""
+    sizes: dict[str, set[int]] = {}
+    totals: dict[str, int] = {}
+    for e in entries(ref, config):
+        for s in (s for dim in e.dims if dim for s in dim):
+            sizes.setdefault(s.space, set()).add(scaled(s.size, config.widths[s.layer]))
+            totals[s.space] = s.size
+    kept = {}
+    for space in sorted(sizes):
+        size, keep = totals[space], min(sizes[space])
+        if keep == size:
+            continue
+        if len(sizes[space]) > 1 and config.index_mode != "prefix":
+            raise ConfigError(f"channel space {space} is used at {sorted(sizes[space])} channels under head_start="
+                              f"{config.head_start}; index_mode {config.index_mode!r} needs one width per space: "
+                              "use 'prefix' or put head_start at a stage boundary")
+        kept[space] = _select(config.index_mode, size, keep, round, f"{device_seed}/{round}/{space}")
+    return IndexSets(config.widths, kept)
+
+
+def device_model(ref: ModelRef, config: TrainConfig, indices: IndexSets) -> nn.Module:
+    """The model the device runs: layers [0, end) at `indices.widths`, the auxiliary head as `aux`."""
+    model = build(ref, indices.widths)
+    if config.aux_head is not None:
+        model.aux = model.aux_head(config.end, config.aux_head)
+    model.layers = nn.ModuleList(list(model.layers)[: config.end])
+    return model
+
+
+def ensure_aux(global_state: Mapping[str, torch.Tensor], ref: ModelRef, configs: Iterable[TrainConfig]) -> State:
+    """The global state plus the seeded initial state of every auxiliary head `configs` use that it lacks."""
+    state = dict(global_state)
+    for config in configs:
+        if config.aux_head is not None:
+            for k, t in _aux(ref, config.end, config.aux_head)[1].items():
+                state.setdefault(aux_prefix(config) + k, t.clone())
+    return state
+
+
+def _index(dims: tuple[Optional[Dim], ...], indices: IndexSets, shape: torch.Size):
+    """Open-mesh index tensors selecting the device's entries, or None when the tensor is kept whole."""
+    picks = [None if d is None else indices.positions(d) for d in dims]
+    picks = [None if p is None or p == list(range(n)) else p for p, n in zip(picks, shape, strict=True)]
+    if all(p is None for p in picks):
+        return None
+    axes = [torch.arange(n) if p is None else torch.tensor(p) for p, n in zip(picks, shape, strict=True)]
+    return tuple(a.reshape([-1 if i == d else 1 for i in range(len(axes))]) for d, a in enumerate(axes))
+
+
+def extract(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config: TrainConfig,
+            indices: IndexSets) -> State:
+    """The device model's state (device_model(ref, config, indices).load_state_dict(..., strict=True))."""
+    state = ensure_aux(global_state, ref, [config])
+    out = {}
+    for e in entries(ref, config):
+        t = state[e.key].detach()
+        ix = _index(e.dims, indices, t.shape)
+        out[e.device_key] = t.clone() if ix is None else t[ix]
+    return out
+
+
+def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, torch.Tensor], ref: ModelRef,
+          config: TrainConfig, indices: IndexSets) -> tuple[State, State]:
+    """Place the tensors the device trained (layers [frozen_prefix, end) with their BN statistics, and the
+    auxiliary head) into global-shaped tensors. Returns (placed, mask): placed holds the global value
+    where mask is False; frozen tensors are never uploaded, so they appear in neither."""
+    state = ensure_aux(global_state, ref, [config])
+    placed, mask = {}, {}
+    for e in entries(ref, config):
+        if e.layer < config.frozen_prefix:
+            continue
+        if e.device_key not in device_update:
+            raise ReportRejected(f"the update lacks trained tensor {e.device_key!r}")
+        base, update = state[e.key].detach(), device_update[e.device_key].detach()
+        ix = _index(e.dims, indices, base.shape)
+        expected = base.shape if ix is None else torch.Size(a.numel() for a in ix)
+        if update.shape != expected:
+            raise ReportRejected(f"tensor {e.device_key!r} has shape {tuple(update.shape)}, expected {tuple(expected)}")
+        p, m = base.clone(), torch.zeros(base.shape, dtype=torch.bool)
+        p[ix if ix is not None else ...] = update.to(base.dtype)
+        m[ix if ix is not None else ...] = True
+        placed[e.key], mask[e.key] = p, m
+    return placed, mask
+
+
+def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[Contribution],
+              mode: Literal["trained", "sampled"] = "trained") -> State:
+    """Combine `embed` contributions (n_k, x_k, m_k), n_k the device's local example count, entry by entry:
+
+    'trained' (FedOLF alg. 1, ProFL eq. 1, FeDepth): the weighted mean over the devices that trained it,
+        w'[e] = sum_k n_k m_k[e] x_k[e] / sum_k n_k m_k[e],   and w'[e] = w[e] where no device trained e;
+    'sampled' (CoCoFL / CAFF eq. 5, layer-wise): every sampled device counts, with the previous global value
+        where it did not train e,  w'[e] = sum_k n_k (m_k[e] x_k[e] + (1 - m_k[e]) w[e]) / sum_k n_k.
+
+    Integer tensors (BN num_batches_tracked) take the max over the devices that trained them, else the
+    global value, in both modes. Pure: returns a new dict; tensors nobody touched are the global ones.
+    Every contribution key must be in global_state (add new auxiliary heads with `ensure_aux` first)."""
+    if mode not in ("trained", "sampled"):
+        raise ValueError(f"unknown aggregation mode {mode!r}")
+    weights = [float(n) for n, _, _ in contributions]
+    if any(n < 0 for n in weights) or (weights and sum(weights) <= 0):
+        raise ValueError(f"example counts must be >= 0 with a positive sum, got {weights}")
+    for _, placed, mask in contributions:
+        if placed.keys() != mask.keys():
+            raise ValueError("placed and mask name different tensors")
+        if unknown := sorted(placed.keys() - global_state.keys()):
+            raise KeyError(f"{unknown[:3]} not in the global state; add new auxiliary heads with ensure_aux")
+    new = {}
+    for key, g in global_state.items():
+        parts = [(n, p[key], m[key]) for n, (_, p, m) in zip(weights, contributions, strict=True) if key in p]
+        if not parts:
+            new[key] = g
+        elif not g.is_floating_point():
+            low = torch.iinfo(g.dtype).min
+            best = torch.stack([torch.where(m, p.to(g.dtype), low) for _, p, m in parts]).amax(0)
+            new[key] = torch.where(torch.stack([m for _, _, m in parts]).any(0), best, g)
+        else:
+            g64 = g.detach().double()
+            num = sum(n * torch.where(m, p.double(), 0.0) for n, p, m in parts)
+            den = sum(n * m.double() for n, _, m in parts)
+            if mode == "trained":
+                out = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), g64)
+            else:
+                out = (num + (sum(weights) - den) * g64) / sum(weights)
+            new[key] = out.to(g.dtype)
+    return new

@@ -1,0 +1,112 @@
+"""Emulation end to end on real Fashion-MNIST (a seeded subset), CPU."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.coordinator import LoopSettings
+from edgefl.data import load_dataset, parse_partition
+from edgefl.emulation import emulate
+from edgefl.fleet import parse_fleet
+from edgefl.plan import verify
+from edgefl.strategies import STRATEGIES, PlanContext, get_strategy
+from edgefl.zoo import ModelRef
+
+FLEET = """
+fleet:
+  groups:
+    small: {count: 6, memory_budget: 70MiB, runtime: ort}
+    big: {count: 4, memory_budget: 1GiB, runtime: torch}
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    def subset(ds, n, seed):
+        keep = np.sort(np.random.default_rng(seed).permutation(len(ds.y))[:n])
+        return dataclasses.replace(ds, x=ds.x[keep], y=ds.y[keep])
+    return (subset(load_dataset("fashion-mnist", split="train"), 1200, 0),
+            subset(load_dataset("fashion-mnist", split="test"), 500, 1))
+
+
+def run(method, data, fleet_text=FLEET, rounds=3, per_round=4, store=None):
+    train, test = data
+    fleet = parse_fleet(fleet_text)
+    ref = ModelRef.of("cnn")
+    strategy = get_strategy(method)
+    plan = verify(strategy.plan(PlanContext(fleet, ref, rounds=rounds, batch_size=32, **({"store": store} if store else {}))), fleet)
+    shares = parse_partition("iid").split(train.y, fleet.device_count, 0)
+    records, _ = emulate(fleet, plan, strategy, plan.model, train, test, shares,
+                         LoopSettings(rounds=rounds, clients_per_round=per_round, lr=0.05, seed=0))
+    return plan, records
+
+
+@pytest.mark.parametrize("method", sorted(STRATEGIES))
+def test_every_method_runs_three_rounds(method, data):
+    plan, records = run(method, data)
+    assert [r.round for r in records] == [1, 2, 3]
+    assert sum(sum(r.participating.values()) for r in records) > 0
+    for r in records:
+        assert r.accuracy is not None and 0 <= r.accuracy <= 1
+        for device, peak in r.predicted_peak_bytes.items():
+            group = plan.groups[r.sampled[device]]
+            assert peak <= group.memory_budget_bytes
+
+
+@pytest.mark.parametrize("method", ["fedavg", "slt", "fedolf"])
+def test_accuracy_rises_over_ten_rounds(method, data):
+    _, records = run(method, data, rounds=10, per_round=5)
+    first, last = records[0].accuracy, max(r.accuracy for r in records[-3:])
+    assert last > first + 0.1, [round(r.accuracy, 3) for r in records]
+
+
+def test_group_that_fits_nothing_is_excluded_and_the_run_goes_on(data):
+    fleet = FLEET + "    brick: {count: 3, memory_budget: 5MiB, runtime: ort}\n"
+    plan, records = run("fedolf", data, fleet_text=fleet, rounds=3, per_round=13)
+    assert plan.groups["brick"].excluded
+    for r in records:
+        assert "brick" not in r.participating
+        assert {d for d, g in r.sampled.items() if g == "brick"} <= set(r.skipped)
+        assert sum(r.participating.values()) == 10
+
+
+def test_cli_writes_a_run_folder(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    out = tmp_path / "runs" / "slt"
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
+                        "--dataset", "fashion-mnist", "--method", "slt", "--rounds", "2", "--clients-per-round", "3",
+                        "--train-limit", "600", "--test-limit", "300", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    history = json.loads((out / "history.json").read_text())
+    assert [x["round"] for x in history["rounds"]] == [1, 2]
+    for x in history["rounds"]:
+        assert {"accuracy", "loss", "participating_devices", "predicted_peak_bytes", "upload_bytes",
+                "download_bytes", "flops", "wall_s"} <= set(x)
+    assert json.loads((out / "plan.json").read_text())["method"] == "slt"
+    state = torch.load(out / "weights.pt")
+    assert "layers.0.0.weight" in state or any(k.startswith("layers.0") for k in state)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_absent_is_a_clear_error(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET)
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
+                        "--dataset", "fashion-mnist", "--method", "fedavg", "--rounds", "1", "--device", "cuda",
+                        "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=os.environ)
+    assert r.returncode == 2 and "--device cuda" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,61 @@
+"""ProFL's effective movement (sec. 3.3): 1 while every scalar moves one way, 0 once it oscillates; a block
+freezes once the least-squares slope has stayed below phi for W evaluations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.progress import effective_movement, movement_series, should_freeze, slope, slopes
+
+H, WINDOW, W, PHI = 4, 3, 3, 0.01
+
+
+def trajectory(rounds: int = 30) -> list[float]:
+    """Oscillation +-0.1 every round, plus from round 5 a geometric approach to 1 (steps 0.4, 0.24, ...)."""
+    return [0.1 * (-1) ** k + 1 - 0.6 ** max(0, k - 4) for k in range(rounds)]
+
+
+def test_effective_movement_by_hand():
+    theta = trajectory()
+    # rounds 1-4: updates -0.2, +0.2, -0.2, +0.2 cancel -> 0
+    assert effective_movement(theta[:5], H) == pytest.approx(0.0)
+    # rounds 2-5: +0.2, -0.2, +0.2, then -0.2 + 0.4 = +0.2 -> |0.4| / 0.8
+    assert effective_movement(theta[:6], H) == pytest.approx(0.5)
+    # a steady one-way walk moves fully; a constant block did not move at all
+    assert effective_movement([0.0, 1.0, 1.5, 1.75, 1.875], H) == pytest.approx(1.0)
+    assert effective_movement([2.0] * 5, H) == 0.0
+
+
+def test_block_is_normalised_over_all_its_scalars():
+    # scalar a moves +1 each round (|sum| 4 of 4), b oscillates +-3 (|sum| 0 of 12): 4 / 16
+    history = [{"a": torch.tensor([float(k)]), "b": np.array([3.0 * (k % 2)])} for k in range(5)]
+    assert effective_movement(history, H) == pytest.approx(0.25)
+
+
+def test_slope_is_least_squares():
+    assert slope([1, 3, 5]) == pytest.approx(2.0)
+    assert slope([0, 1, 0, 1]) == pytest.approx(np.polyfit(range(4), [0, 1, 0, 1], 1)[0])
+
+
+def test_movement_rises_then_falls_and_freezing_follows_the_fall():
+    theta = trajectory()
+    em = movement_series(theta, H)            # em[i] is round H + i
+
+    peak = int(np.argmax(em))
+    assert 0 < peak < len(em) - 1
+    assert em[0] < em[peak] and em[-1] < 0.01
+    assert np.all(np.diff(em[: peak + 1]) > 0)      # rises ...
+    assert np.all(np.diff(em[peak:]) <= 1e-12)      # ... then falls
+
+    # With a window of 3 the slope at round k is (EM_k - EM_{k-2}) / 2. EM peaks at round H + peak = 8;
+    # EM_9 < EM_7, so the slope is negative from round 9 on: the third such evaluation is round 11.
+    assert H + peak == 8 and em[9 - H] < em[7 - H] and em[8 - H] > em[6 - H]
+    fired = [k for k in range(len(theta)) if should_freeze(theta[: k + 1], H, W, PHI, WINDOW)]
+    assert fired[0] == 11
+    assert all(s < PHI for s in slopes(theta[: 12], H, WINDOW)[-W:])
+
+
+def test_not_enough_evaluations_never_freezes():
+    assert not should_freeze([0.0] * 6, H, W, PHI, WINDOW)     # 2 movements: no slope yet
+    assert should_freeze([0.0] * 10, H, W, PHI, WINDOW)        # a block that never moves is done
