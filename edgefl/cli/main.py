@@ -155,6 +155,17 @@ from edgefl.cli.emulate_cmd import emulate  # noqa: E402  (torch is imported ins
 app.command()(emulate)
 
 
+@app.command()
+def report(
+    runs: list[Path] = typer.Argument(..., help="run folders written by 'edgefl emulate -o'"),
+    output: Path = typer.Option(Path("report"), "-o", "--output", help="folder for index.html and the PNGs"),
+):
+    """A static HTML page with plots comparing runs."""
+    from edgefl.report import write_report
+
+    stdout.print(f"report written to {write_report(runs, output)}")
+
+
 def run() -> None:
     """Console-script entry: user errors print one line on stderr and exit 2; bugs keep their traceback."""
     try:
