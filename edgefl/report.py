@@ -33,21 +33,25 @@ def _cumulative(values):
     return out
 
 
-def _accuracy_plot(plt, runs, x_of, xlabel, path, logx=False):
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for run in runs:
-        pts = [(x, r["accuracy"]) for x, r in zip(x_of(run), run["rounds"], strict=True) if r["accuracy"] is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=run["name"])
+def _finish(plt, fig, ax, path, xlabel, ylabel, title=None):
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy")
-    if logx:
-        ax.set_xscale("symlog")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
+
+
+def _accuracy_plot(plt, runs, x_of, xlabel, path):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run in runs:
+        pts = [(x, r["accuracy"]) for x, r in zip(x_of(run), run["rounds"], strict=True) if r["accuracy"] is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=run["name"])
+    _finish(plt, fig, ax, path, xlabel, "test accuracy")
 
 
 def _participation_plot(plt, run, path):
@@ -56,14 +60,7 @@ def _participation_plot(plt, run, path):
     rounds = [r["round"] for r in run["rounds"]]
     for g in groups:
         ax.plot(rounds, [r["participating_devices"].get(g, 0) for r in run["rounds"]], marker=".", label=g)
-    ax.set_xlabel("round")
-    ax.set_ylabel("devices that trained")
-    ax.set_title(run["name"])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, "round", "devices that trained", run["name"])
 
 
 def _memory_plot(plt, run, path):
@@ -76,12 +73,7 @@ def _memory_plot(plt, run, path):
     ax.bar([x - 0.2 for x in xs], budget, width=0.4, label="budget")
     ax.bar([x + 0.2 for x in xs], peak, width=0.4, label="predicted peak (max over steps)")
     ax.set_xticks(list(xs), names, rotation=20)
-    ax.set_ylabel("MiB")
-    ax.set_title(run["name"])
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, "device group", "MiB", run["name"])
 
 
 def write_report(runs: list[Path], out: Path) -> Path:

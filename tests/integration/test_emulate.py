@@ -17,20 +17,14 @@ from edgefl.plan import verify
 from edgefl.strategies import STRATEGIES, PlanContext, get_strategy
 from edgefl.zoo import ModelRef
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 FLEET = """
 fleet:
   groups:
     small: {count: 6, memory_budget: 70MiB, runtime: ort}
     big: {count: 4, memory_budget: 1GiB, runtime: torch}
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,9 @@ from edgefl.submodel import aggregate, embed, extract, index_sets
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 T, F = True, False
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def t(*values):

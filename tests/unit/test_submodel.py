@@ -12,23 +12,9 @@ from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build, model_names
 from edgefl.zoo.base import scaled
 from edgefl.zoo.spaces import size, tensor_dims
+from zoo_inputs import SMALL_INPUTS, small
 
-SMALL = {"resnet20": dict(input_shape=(3, 8, 8)), "resnet32": dict(input_shape=(3, 8, 8)),
-         "resnet44": dict(input_shape=(3, 8, 8)), "resnet56": dict(input_shape=(3, 8, 8)),
-         "densenet40": dict(input_shape=(3, 8, 8)), "vgg11bn": {}, "cnn": dict(input_shape=(1, 8, 8)),
-         "transformer": dict(context=8, layers=3), "vit": dict(input_shape=(3, 8, 8), depth=3)}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def small(name: str) -> ModelRef:
-    return ModelRef.of(name, **SMALL[name])
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def global_state(ref: ModelRef) -> dict:

@@ -11,13 +11,7 @@ from edgefl.toa import filter_norms, sample_filters, toa
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CNN = ModelRef.of("cnn", input_shape=(1, 8, 8))

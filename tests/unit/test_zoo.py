@@ -14,29 +14,12 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 from edgefl.zoo import ModelRef, build, model_names
+from zoo_inputs import SMALL_INPUTS, small
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 LAYERS = {"resnet20": 20, "resnet32": 32, "resnet44": 44, "resnet56": 56, "densenet40": 40, "vgg11bn": 9,
           "cnn": 4, "transformer": 8, "vit": 8}
-
-# Small inputs keep the width and auxiliary-head sweeps fast (VGG needs 32x32: five 2x2 poolings).
-SMALL = {"resnet20": dict(input_shape=(3, 8, 8)), "resnet32": dict(input_shape=(3, 8, 8)),
-         "resnet44": dict(input_shape=(3, 8, 8)), "resnet56": dict(input_shape=(3, 8, 8)),
-         "densenet40": dict(input_shape=(3, 8, 8)), "vgg11bn": {}, "cnn": dict(input_shape=(1, 8, 8)),
-         "transformer": dict(context=16), "vit": dict(input_shape=(3, 8, 8))}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # These models are tiny: a second intra-op thread only spins, and on a busy 2-core machine it
-    # made this file 10x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def small(name: str) -> ModelRef:
-    return ModelRef.of(name, **SMALL[name])
 
 
 def out_shape(model, batch: int) -> tuple:
@@ -46,7 +29,7 @@ def out_shape(model, batch: int) -> tuple:
 
 
 def test_every_registry_model_is_covered():
-    assert set(LAYERS) == set(model_names()) == set(SMALL)
+    assert set(LAYERS) == set(model_names()) == set(SMALL_INPUTS)
 
 
 @pytest.mark.parametrize("name", model_names())
