@@ -9,9 +9,12 @@ scaled by s, trained to the end; k = L-1 has no head to scale), s in {0.125, 0.2
 * activation bytes: the cost model's `activation_bytes` vs `edgefl.measure.measure_activation_bytes`
   (in this process, the full grid);
 * training bytes: the cost model's `training_bytes` vs the peak RSS growth of a fresh process running
-  the training steps (`edgefl.measure.measure_peak`). A fresh process costs seconds, so peaks are
-  sampled (see `sampling` in the output); `--jobs` of them run at a time (RSS is per process, so running
-  two side by side does not change it; only `step_seconds` feels the shared cores).
+  the training steps (`edgefl.measure.measure_peak`), under the allocator policy the constants are
+  calibrated for (glibc's mmap threshold fixed: `allocator='fixed'`). A fresh process costs seconds, so
+  peaks are sampled (see `sampling` in the output); `--jobs` of them run at a time (RSS is per process,
+  so running two side by side does not change it; only `step_seconds` feels the shared cores). The
+  batch-32 peaks are measured once more under glibc's default policy (`default_allocator` in the output)
+  to show what fragmentation does to the same predictions.
 
 Writes bench/results/memory_model.json. `--fit` also least-squares-fits the torch runtime's
 `workspace_fixed_bytes` and `workspace_factor` (edgefl/calibration.py) on the fit models' peaks
@@ -35,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants  # noqa: E402
-from edgefl.cost import cost, transient_bytes  # noqa: E402
+from edgefl.cost import cost, step_peak_bytes  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef, model_names  # noqa: E402
@@ -43,7 +46,8 @@ from edgefl.zoo import ModelRef, model_names  # noqa: E402
 WIDTHS = (0.125, 0.25, 0.5, 1.0)
 BATCHES = (8, 32)
 PEAK_WIDTHS = (0.125, 1.0)          # widths whose peaks are measured at a sampled prefix
-PEAK_PREFIXES = 10                  # at most this many sampled prefixes per model (all for L <= 20)
+PEAK_PREFIXES = 6                   # at most this many sampled prefixes per model (all for L <= 20)
+DEFAULT_ALLOCATOR_BATCHES = (32,)   # peaks measured again under glibc's default policy
 FIT_MODELS = ("resnet20", "resnet32", "resnet44", "resnet56", "cnn")
 MiB = 2**20
 
@@ -97,28 +101,32 @@ def summary(errors: list[float]) -> tuple[float | None, float | None]:
 
 
 def predicted_training(row: dict, k: RuntimeConstants) -> int:
-    """training_bytes from a row's recorded components under other constants (what --fit tries)."""
+    """training_bytes from a row's recorded components under other constants (what --fit tries); the
+    same arithmetic as edgefl.cost.cost."""
     p = row["predicted"]
-    fixed_parts = (p["weights_frozen_bytes"] + p["weights_trained_bytes"] + p["gradient_bytes"]
-                   + p["optimizer_bytes"] + p["activation_bytes"] + row["batch_size"] * row["input_bytes"])
-    return fixed_parts + k.workspace_fixed_bytes + int(k.workspace_factor * row["batch_size"] * row["transient_bytes"])
+    acts, grads = p["activation_bytes"], p["gradient_bytes"]
+    workspace = (k.workspace_fixed_bytes + row["batch_size"] * row["input_bytes"]
+                 + max(0, int(k.workspace_factor * row["step_peak_bytes"]) - acts - grads))
+    return (p["weights_frozen_bytes"] + p["weights_trained_bytes"] + grads + p["optimizer_bytes"] + acts
+            + workspace)
 
 
 def fit(rows: list[dict], base: RuntimeConstants) -> RuntimeConstants:
-    """Least squares on relative error: minimise sum ((pred - meas) / meas)^2 over the fit models' peaks,
-    pred = rest + F + c * B * transient, linear in (F, c)."""
+    """Least squares on relative error over the fit models' peaks: for each workspace_factor c on a grid,
+    the workspace_fixed_bytes F minimising sum ((pred - meas) / meas)^2 is closed-form (pred is F plus a
+    part that does not depend on F); keep the (F, c) with the smallest sum."""
     pts = [r for r in rows if r["model"] in FIT_MODELS and r.get("measured_growth_bytes")]
-    sxx = sxy = syy = sx = sy = 0.0
-    rhs_x = rhs_y = 0.0
-    for r in pts:
-        m = r["measured_growth_bytes"]
-        rest = predicted_training(r, RuntimeConstants(0, 0, 0.0, ""))
-        x, y, t = 1.0 / m, r["batch_size"] * r["transient_bytes"] / m, (m - rest) / m
-        sxx += x * x; sxy += x * y; syy += y * y; rhs_x += x * t; rhs_y += y * t
-    det = sxx * syy - sxy * sxy
-    F = (rhs_x * syy - rhs_y * sxy) / det
-    c = (sxx * rhs_y - sxy * rhs_x) / det
-    return RuntimeConstants(base.baseline_bytes, int(F), round(c, 3), f"fit on {len(pts)} peaks of {', '.join(FIT_MODELS)}")
+    best = None
+    for step in range(0, 201):
+        c = 1.0 + step / 200                                    # 1.000 .. 2.000
+        rest = [predicted_training(r, RuntimeConstants(0, 0, c, "")) for r in pts]
+        ms = [r["measured_growth_bytes"] for r in pts]
+        F = sum((m - q) / m ** 2 for m, q in zip(ms, rest)) / sum(1 / m ** 2 for m in ms)
+        sse = sum(((q + F - m) / m) ** 2 for m, q in zip(ms, rest))
+        if best is None or sse < best[0]:
+            best = (sse, int(F), c)
+    _, F, c = best
+    return RuntimeConstants(base.baseline_bytes, F, c, f"fit on {len(pts)} peaks of {', '.join(FIT_MODELS)}")
 
 
 def main(argv=None) -> int:
@@ -130,13 +138,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--no-peaks", action="store_true", help="activation bytes only")
+    ap.add_argument("--no-default-allocator", action="store_true",
+                    help="skip the peaks under glibc's default allocator policy")
     ap.add_argument("--fit", action="store_true", help="fit the torch workspace constants on resnet/cnn peaks")
     ap.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "memory_model.json")
     args = ap.parse_args(argv)
 
     import torch
 
-    from edgefl.measure import measure_activation_bytes, measure_peak
+    from edgefl.measure import MMAP_THRESHOLD, measure_activation_bytes, measure_peak
 
     started = time.time()
     names = args.models.split(",") if args.models else (["resnet20"] if args.quick else model_names())
@@ -166,25 +176,33 @@ def main(argv=None) -> int:
                          "predicted_activation_bytes": c.activation_bytes, "measured_activation_bytes": measured,
                          "activation_error": rel_error(c.activation_bytes, measured),
                          "predicted_training_bytes": c.training_bytes, "predicted": c.to_json(),
-                         "transient_bytes": transient_bytes(profile, config), "input_bytes": profile.input_bytes,
+                         "step_peak_bytes": step_peak_bytes(profile, config), "input_bytes": profile.input_bytes,
                          "peak_sampled": config.frozen_prefix in sampled and config.head_width in peak_widths})
         print(f"{name}: {sum(r['model'] == name for r in rows)} activation configs in {time.time() - t0:.0f}s",
               flush=True)
 
     if not args.no_peaks:
-        todo = [r for r in rows if r["peak_sampled"]]
+        todo = [(r, "fixed") for r in rows if r["peak_sampled"]]
+        if not args.no_default_allocator:
+            todo += [(r, "default") for r in rows if r["peak_sampled"] and r["batch_size"] in DEFAULT_ALLOCATOR_BATCHES]
         t0 = time.time()
 
-        def one(row):
+        def one(job):
+            row, allocator = job
             config = TrainConfig.from_json(row["config"])
-            return row, measure_peak(ModelRef.from_json(row["ref"]), config, "torch", steps=args.steps,
-                                     warmup=args.warmup)
+            return row, allocator, measure_peak(ModelRef.from_json(row["ref"]), config, "torch", steps=args.steps,
+                                                warmup=args.warmup, allocator=allocator)
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for i, (row, m) in enumerate(pool.map(one, todo)):
-                row["peak"] = m
-                row["measured_growth_bytes"] = m["peak_rss_growth_bytes"]
-                row["training_bytes_error"] = rel_error(row["predicted_training_bytes"], m["peak_rss_growth_bytes"])
+            for i, (row, allocator, m) in enumerate(pool.map(one, todo)):
+                if allocator == "fixed":
+                    row["peak"] = m
+                    row["measured_growth_bytes"] = m["peak_rss_growth_bytes"]
+                    row["training_bytes_error"] = rel_error(row["predicted_training_bytes"], m["peak_rss_growth_bytes"])
+                else:
+                    row["peak_default_allocator"] = m
+                    row["default_allocator_error"] = rel_error(row["predicted_training_bytes"],
+                                                               m["peak_rss_growth_bytes"])
                 if (i + 1) % 20 == 0 or i + 1 == len(todo):
                     print(f"peaks: {i + 1}/{len(todo)} in {time.time() - t0:.0f}s", flush=True)
 
@@ -196,15 +214,26 @@ def main(argv=None) -> int:
         sub = [r for r in rows if r["model"] == name]
         amax, amed = summary(errors_of(sub, "activation_error"))
         tmax, tmed = summary(errors_of(sub, "training_bytes_error"))
+        dmax, dmed = summary(errors_of(sub, "default_allocator_error"))
         per_model[name] = {"activation_error_max": amax, "activation_error_median": amed,
                            "training_bytes_error_max": tmax, "training_bytes_error_median": tmed,
-                           "configs": len(sub), "peak_configs": len(errors_of(sub, "training_bytes_error"))}
+                           "configs": len(sub), "peak_configs": len(errors_of(sub, "training_bytes_error")),
+                           "default_allocator": {"training_bytes_error_max": dmax,
+                                                 "training_bytes_error_median": dmed,
+                                                 "peak_configs": len(errors_of(sub, "default_allocator_error"))}}
     amax, amed = summary(errors_of(rows, "activation_error"))
     tmax, tmed = summary(errors_of(rows, "training_bytes_error"))
+    dmax, dmed = summary(errors_of(rows, "default_allocator_error"))
     result = {
         "activation_error_max": amax, "activation_error_median": amed,
         "training_bytes_error_max": tmax, "training_bytes_error_median": tmed,
         "per_model": per_model,
+        "allocator": {"peaks": f"glibc mmap threshold fixed at {MMAP_THRESHOLD} bytes (edgefl.measure."
+                               "configure_allocator); the constants are fitted under this policy",
+                      "default_allocator": {"what": "the same predictions vs peaks under glibc's default (dynamic) "
+                                                    f"mmap threshold, batch {list(DEFAULT_ALLOCATOR_BATCHES)} only",
+                                            "training_bytes_error_max": dmax,
+                                            "training_bytes_error_median": dmed}},
         "torch_import_rss_bytes": import_rss,
         "constants": {"torch": {"baseline_bytes": constants.baseline_bytes,
                                 "workspace_fixed_bytes": constants.workspace_fixed_bytes,
@@ -236,13 +265,16 @@ def main(argv=None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1))
 
-    print(f"\n{'model':<12} {'act max':>8} {'act med':>8} {'train max':>9} {'train med':>9}  configs/peaks")
+    print(f"\n{'model':<12} {'act max':>8} {'act med':>8} {'train max':>9} {'train med':>9} "
+          f"{'glibc max':>9} {'glibc med':>9}  configs/peaks")
     fmt = lambda v: f"{100 * v:7.2f}%" if v is not None else "       -"  # noqa: E731
     for name, m in per_model.items():
+        d = m["default_allocator"]
         print(f"{name:<12} {fmt(m['activation_error_max'])} {fmt(m['activation_error_median'])} "
               f"{fmt(m['training_bytes_error_max'])}  {fmt(m['training_bytes_error_median'])}  "
+              f"{fmt(d['training_bytes_error_max'])}  {fmt(d['training_bytes_error_median'])}  "
               f"{m['configs']}/{m['peak_configs']}")
-    print(f"{'all':<12} {fmt(amax)} {fmt(amed)} {fmt(tmax)}  {fmt(tmed)}")
+    print(f"{'all':<12} {fmt(amax)} {fmt(amed)} {fmt(tmax)}  {fmt(tmed)}  {fmt(dmax)}  {fmt(dmed)}")
     print(f"torch import RSS {import_rss / MiB:.1f} MiB; constants {constants}")
     if "fit" in result:
         f = result["fit"]

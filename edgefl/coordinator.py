@@ -1,34 +1,47 @@
 """The round loop: one loop for emulation and deployment.
 
 Per round: sample devices, ask the strategy for each device's TrainConfig (the plan's step for its group
-and round), check it fits the device's budgets, send instruction + extracted weights through the
-Transport, collect DeviceReports, place each update into the global model and aggregate with the
-strategy's rule, evaluate every k rounds, append to the History. Tensor work is delegated to a
-`ServerModel` so this module stays free of torch.
+and round, or an online choice) and trainer options, check it fits the device's budgets, send instruction
++ extracted weights through the Transport, collect DeviceReports (a device that failed, e.g. out of
+memory, is recorded and left out), place each update into the global model and aggregate with the
+strategy's rule, let the strategy look at the new global state (`after_round`), evaluate every k rounds
+(globally and on each group's data), append to the History. Tensor work is delegated to a `ServerModel`
+so this module stays free of torch.
 """
 from __future__ import annotations
 
 import random
 import time
 import zlib
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.plan import Plan, violations
 from edgefl.strategies.base import Strategy
-from edgefl.trainconfig import TrainConfig
 from edgefl.transport import Transport
+
+
+@dataclass
+class Delivery:
+    """What the server sends for one instruction: the weights, what `contribution` needs back (index
+    sets), trainer options it adds (the widths of a TOA-shrunk prefix) and download bytes it spared."""
+    weights: dict
+    handle: object = None
+    options: dict = field(default_factory=dict)
+    saved_bytes: int = 0
 
 
 class ServerModel(Protocol):
     """What the loop needs from the global model (torch lives behind this)."""
-    def weights_for(self, config: TrainConfig, round: int, device_seed: int) -> tuple[dict, object]: ...
-    def contribution(self, report: DeviceReport, config: TrainConfig, indices: object) -> object: ...
+    state: Mapping[str, object]   # global tensors by name: what online decisions (ProFL) read
+    def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery: ...
+    def contribution(self, report: DeviceReport, instruction: RoundInstruction, handle: object) -> object: ...
     def aggregate(self, contributions: list, mode: str) -> None: ...
     def evaluate(self) -> dict: ...
+    def evaluate_groups(self) -> dict[str, float]: ...
 
 
 @dataclass
@@ -38,15 +51,19 @@ class RoundRecord:
     participating: dict[str, int]                 # group -> devices that reported
     skipped: dict[str, str] = field(default_factory=dict)     # device -> why it did not train
     rejected: dict[str, str] = field(default_factory=dict)    # device -> why its report was dropped
+    failed: dict[str, str] = field(default_factory=dict)      # device -> why it failed the round (e.g. out of memory)
     predicted_peak_bytes: dict[str, int] = field(default_factory=dict)
     measured_activation_bytes: dict[str, int] = field(default_factory=dict)
     upload_bytes: int = 0
     download_bytes: int = 0
+    download_saved_bytes: int = 0                 # spared by shrinking frozen layers (FedOLF TOA)
     flops: float = 0.0
     train_loss: Optional[float] = None
     accuracy: Optional[float] = None
     loss: Optional[float] = None
-    group_accuracy: dict[str, float] = field(default_factory=dict)
+    group_accuracy: dict[str, float] = field(default_factory=dict)   # global model on each group's local data
+    device_metrics: dict[str, dict] = field(default_factory=dict)    # device -> what its trainer reported
+    decisions: dict[str, Any] = field(default_factory=dict)          # the strategy's online decisions
     wall_s: float = 0.0
 
 
@@ -59,6 +76,7 @@ class LoopSettings:
     lr: float = 0.05
     lr_final: float = 0.005                   # cosine annealing over rounds, as in SLT sec. 3.1
     round_timeout_s: Optional[float] = None
+    measure_memory: bool = False              # devices measure kept activations and fail over their memory
 
     def lr_at(self, round: int) -> float:
         import math
@@ -106,43 +124,54 @@ class Coordinator:
                 record.skipped[device] = "; ".join(bad)
                 continue
             seed = zlib.crc32(f"{self.settings.seed}/{device}".encode()) & 0x7FFFFFFF
-            weights, indices = self.server.weights_for(step.config, r, seed)
+            options = self.strategy.trainer_options(r, step, self.plan.groups[group.name])
+            if self.settings.measure_memory:
+                options["memory_check"] = (step.predicted.peak_memory_bytes, step.predicted.activation_bytes)
             instruction = RoundInstruction(round=r, device_id=device, config=step.config, weights_version=r - 1,
                                            seed=seed + r, lr=self.settings.lr_at(r),
                                            deadline_s=self.settings.round_timeout_s,
-                                           options=tuple(sorted(self.strategy.trainer_options(r, step).items())))
-            sent[device] = (instruction, indices)
+                                           options=tuple(sorted(options.items())), sequence=step.sequence)
+            delivery = self.server.weights_for(instruction, seed)
+            if delivery.options:
+                instruction = replace(instruction, options=tuple(sorted({**options, **delivery.options}.items())))
+            sent[device] = (instruction, delivery.handle)
             record.predicted_peak_bytes[device] = step.predicted.peak_memory_bytes
+            record.download_saved_bytes += delivery.saved_bytes
             record.flops += step.predicted.flops_per_sample * self.examples(device) * step.config.local_epochs
-            self.transport.send(instruction, weights)
+            self.transport.send(instruction, delivery.weights)
         reports = self.transport.collect(r, sent, self.settings.round_timeout_s)
         contributions, losses = [], []
         for report in reports:
-            instruction, indices = sent.get(report.device_id, (None, None))
+            instruction, handle = sent.get(report.device_id, (None, None))
             try:
                 if instruction is None:
                     raise ReportRejected(f"{report.device_id} was not sampled in round {r}")
                 report.check(instruction)
-                if not report.ok:
-                    raise ReportRejected(report.reason or "device failed")
+                if report.activation_bytes is not None:
+                    record.measured_activation_bytes[report.device_id] = report.activation_bytes
+                if not report.ok:  # the device ran out of memory or crashed: the round goes on without it
+                    record.failed[report.device_id] = report.reason or "device failed"
+                    record.download_bytes += report.download_bytes
+                    continue
+                contributions.append(self.server.contribution(report, instruction, handle))
             except ReportRejected as exc:
                 record.rejected[report.device_id] = str(exc)
                 continue
-            contributions.append(self.server.contribution(report, instruction.config, indices))
             group = self.group_of[report.device_id]
             record.participating[group] = record.participating.get(group, 0) + 1
             record.upload_bytes += report.upload_bytes
             record.download_bytes += report.download_bytes
-            if report.activation_bytes is not None:
-                record.measured_activation_bytes[report.device_id] = report.activation_bytes
+            if report.metrics:
+                record.device_metrics[report.device_id] = report.metrics
             if report.loss_after is not None:
                 losses.append(report.loss_after)
         if contributions:
             self.server.aggregate(contributions, self.strategy.aggregation)
-        self.strategy.after_round(r, record)
+        self.strategy.after_round(r, record, self.server.state)
         record.train_loss = sum(losses) / len(losses) if losses else None
         if r % self.settings.eval_every == 0 or r == self.settings.rounds:
             metrics = self.server.evaluate()
             record.accuracy, record.loss = metrics.get("accuracy"), metrics.get("loss")
+            record.group_accuracy = self.server.evaluate_groups()
         record.wall_s = time.perf_counter() - t0
         return record

@@ -71,12 +71,33 @@ def activation_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[A
     return config.batch_size * activation_bytes_per_sample(profile, config, aux) + fixed
 
 
-def transient_bytes(profile: ModelProfile, config: TrainConfig) -> int:
-    """Per sample, the largest transient: a layer's input and output state alive together (forward of
-    frozen layers, output and input gradients in backward of trained ones)."""
-    b, layers = config.end, profile.layers
+def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile] = None) -> int:
+    """Most bytes one training step has allocated at once beyond the weights, the optimizer state and the
+    input batch, on a timeline of the step (B = batch size, kept(i) = what trained layer i keeps):
+
+      forward, layer i:     kept(a..i-1) + B * forward_peak(i)   (a frozen layer keeps nothing)
+      end of forward:       every kept activation
+      backward, layer i:    kept(a..i) + gradients of layers i.. and the aux head
+                            + B * (input + output of layer i): the gradients flowing through it
+      optimizer step:       every gradient
+
+    Activations and gradients never peak together in full: backward frees a layer's activations as
+    it makes its gradients."""
+    B, a, b, layers = config.batch_size, config.frozen_prefix, config.end, profile.layers
+    kept = [B * l.activation_bytes + l.activation_fixed_bytes for l in layers[:b]]
     ins = [profile.input_bytes] + [l.output_bytes for l in layers[: b - 1]]
-    return max(i + l.output_bytes for i, l in zip(ins, layers[:b], strict=True)) if b else profile.input_bytes
+    peak = activation_bytes(profile, config, aux)
+    alive = 0
+    for i in range(b):
+        peak = max(peak, alive + B * layers[i].forward_peak_bytes)
+        if i >= a:
+            alive += kept[i]
+    grads = aux.param_bytes if aux is not None else 0
+    for i in reversed(range(a, b)):
+        grads += layers[i].param_bytes
+        peak = max(peak, alive + grads + B * (ins[i] + layers[i].output_bytes))
+        alive -= kept[i]
+    return max(peak, grads)
 
 
 def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
@@ -95,8 +116,12 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
     trained_buffer_bytes = sum(l.buffer_bytes for l in trained) + aux_buffer
     frozen_bytes = sum(l.param_bytes + l.buffer_bytes for l in frozen)
 
-    transient = transient_bytes(profile, config)
-    workspace = k.workspace_fixed_bytes + int(k.workspace_factor * B * transient) + B * profile.input_bytes
+    # what the step allocates beyond kept activations and gradients (working sets, the gradients in flight;
+    # less than nothing where activations and gradients do not peak together: clamped at zero), plus what
+    # the first step allocates once and the input batch
+    acts = activation_bytes(profile, config, aux)
+    peak = int(k.workspace_factor * step_peak_bytes(profile, config, aux))
+    workspace = k.workspace_fixed_bytes + B * profile.input_bytes + max(0, peak - acts - trained_param_bytes)
 
     fwd = [l.forward_flops for l in layers[:b]] + ([aux.forward_flops] if aux else [])
     trained_fwd = fwd[a:]
@@ -108,7 +133,7 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
         weights_trained_bytes=trained_param_bytes + trained_buffer_bytes,
         gradient_bytes=trained_param_bytes,
         optimizer_bytes=OPTIMIZER_STATE_SLOTS[config.optimizer] * trained_param_bytes,
-        activation_bytes=activation_bytes(profile, config, aux),
+        activation_bytes=acts,
         workspace_bytes=workspace,
         flops_per_sample=flops,
         upload_bytes=trained_param_bytes + trained_buffer_bytes,

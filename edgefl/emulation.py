@@ -2,45 +2,86 @@
 
 Not a second system: the same Coordinator, Strategy and aggregation run as in deployment; only the
 Transport and the devices differ. Each virtual device holds its share of the training data and is held
-to its group's budgets: the coordinator refuses configs over budget, and with `measure_memory` the
-device measures what autograd really keeps and fails the round, as an out-of-memory kill would, when the
-predicted peak with the measured activations exceeds its memory budget.
+to its group's budgets: the coordinator refuses configs over budget, and with `settings.measure_memory`
+the device measures what autograd really keeps in its first batch and fails the round, as an
+out-of-memory kill would, when the predicted peak with the measured activations in place of the
+predicted ones exceeds its memory (its group's budget unless `device_memory` says otherwise).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 import torch
 
-from edgefl.coordinator import Coordinator, LoopSettings, RoundRecord
+from edgefl.coordinator import Coordinator, Delivery, LoopSettings, RoundRecord
 from edgefl.data import Dataset
 from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice, TorchTrainer
+from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
-from edgefl.messages import DeviceReport
+from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.plan import Plan
 from edgefl.strategies.base import Strategy
-from edgefl.submodel import aggregate, device_model, embed, ensure_aux, extract, index_sets
+from edgefl.submodel import (IndexSets, aggregate, device_model, embed, ensure_aux, entries, extract, index_sets,
+                             nested_index)
+from edgefl.toa import toa
 from edgefl.trainconfig import TrainConfig
 from edgefl.transport.memory import InMemoryTransport
 from edgefl.zoo import ModelRef, build
 
 
 class TorchServerModel:
-    """The global model's state and what the round loop asks of it."""
+    """The global model's state and what the round loop asks of it.
 
-    def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int):
+    An instruction moves the tensors of one or more *parts*, each a TrainConfig with its index sets: the
+    blocks of a FeDepth sequence, or a DepthFL config plus one part per exit it holds (the exit head at b
+    reads layers [0, b)). Weights travel under global names; a contribution embeds each part and merges
+    them. With `toa` = s, a single config with two or more frozen layers goes down with the frozen layers
+    before the last one shrunk to TOA-sampled filters (FedOLF sec. 3.3); the device builds its model at
+    the widths sent with it. `groups`: per fleet group, local examples to measure its accuracy on.
+    """
+
+    def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int,
+                 groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None):
         torch.manual_seed(seed)
-        self.ref, self.test, self.trainer = ref, test, trainer
+        self.ref, self.test, self.trainer, self.groups, self.toa = ref, test, trainer, dict(groups or {}), toa
         self.state = {k: v.detach().clone() for k, v in build(ref).state_dict().items()}
 
-    def weights_for(self, config: TrainConfig, round: int, device_seed: int):
-        indices = index_sets(self.ref, config, round, device_seed)
-        self.state = ensure_aux(self.state, self.ref, [config])
-        return extract(self.state, self.ref, config, indices), indices
+    @staticmethod
+    def parts(instruction: RoundInstruction) -> list[TrainConfig]:
+        if instruction.sequence:
+            return list(instruction.sequence)
+        c = instruction.config
+        exits = sorted(b for b in instruction.option("exits") or () if c.frozen_prefix < b < c.end)
+        return [c] + [c.with_(trained_end=b, aux_head="linear") for b in exits]
 
-    def contribution(self, report: DeviceReport, config: TrainConfig, indices):
-        placed, mask = embed(self.state, report.tensors, self.ref, config, indices)
+    def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
+        parts = self.parts(instruction)
+        self.state = ensure_aux(self.state, self.ref, parts)
+        delivery = Delivery(weights={}, handle=[])
+        for config in parts:
+            indices = index_sets(self.ref, config, instruction.round, device_seed)
+            if self.toa is not None and len(parts) == 1 and config.frozen_prefix >= 2:
+                shrunk = toa(self.state, self.ref, config, indices, self.toa, seed=device_seed + instruction.round)
+                if shrunk.reduced_layers:
+                    indices, delivery.saved_bytes = shrunk.indices, shrunk.saved_bytes
+                    delivery.options["widths"] = indices.widths
+            sliced = extract(self.state, self.ref, config, indices)
+            delivery.weights.update({e.key: sliced[e.device_key] for e in entries(self.ref, config)})
+            delivery.handle.append((config, indices))
+        return delivery
+
+    def contribution(self, report: DeviceReport, instruction: RoundInstruction, handle):
+        placed, mask, used = {}, {}, set()
+        for config, indices in handle:
+            trained = [e for e in entries(self.ref, config) if e.layer >= config.frozen_prefix]
+            update = {e.device_key: report.tensors[e.key] for e in trained if e.key in report.tensors}
+            p, m = embed(self.state, update, self.ref, config, indices)
+            placed.update(p)
+            mask.update(m)
+            used |= {e.key for e in trained}
+        if extra := sorted(report.tensors.keys() - used):
+            raise ReportRejected(f"{report.device_id}: uploaded tensors it was not asked to train: {extra[:3]}")
         return report.examples, placed, mask
 
     def aggregate(self, contributions: list, mode: str) -> None:
@@ -51,30 +92,67 @@ class TorchServerModel:
         model.load_state_dict({k: v for k, v in self.state.items() if not k.startswith("aux.")}, strict=True)
         return model
 
-    def evaluate(self) -> dict:
-        if self.test is None:
-            return {}
+    def _evaluate(self, x, y) -> dict:
         model = self.global_model().to(self.trainer.device)
-        full = TrainConfig(num_layers=len(model.layers))
-        return self.trainer.evaluate(model, full, self.test.x, self.test.y)
+        return self.trainer.evaluate(model, TrainConfig(num_layers=len(model.layers)), x, y)
+
+    def evaluate(self) -> dict:
+        return {} if self.test is None else self._evaluate(self.test.x, self.test.y)
+
+    def evaluate_groups(self) -> dict[str, float]:
+        """Accuracy of the global (full) model on a seeded sample of each group's local training data: how
+        well the shared model serves each group's data distribution, not held-out generalisation."""
+        return {g: self._evaluate(x, y)["accuracy"] for g, (x, y) in self.groups.items()}
+
+
+def group_samples(fleet: Fleet, share_of: Mapping[str, np.ndarray], train: Dataset, limit: int,
+                  seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Up to `limit` examples per group, drawn (seeded) from the union of its devices' shares."""
+    out = {}
+    for g in fleet.groups:
+        idx = np.concatenate([share_of[d] for d in g.device_ids])
+        if len(idx) > limit:
+            idx = np.sort(np.random.default_rng(seed).choice(idx, limit, replace=False))
+        if len(idx):
+            out[g.name] = (train.x[idx], train.y[idx])
+    return out
+
+
+def torch_trainer(ref: ModelRef, device: str = "cpu", **kwargs) -> TorchTrainer:
+    """The torch Trainer wired to the zoo: device models at any widths, and FjORD's nested submodels."""
+    def build_device(config: TrainConfig, widths=None):
+        return device_model(ref, config, IndexSets(widths or config.widths, {}))
+
+    def narrow(config: TrainConfig, p: float):
+        inner = config.with_(head_width=p)
+        return build_device(inner), nested_index(ref, config, inner)
+
+    return TorchTrainer(build_device, device=device, narrow=narrow, **kwargs)
 
 
 def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: Dataset, test: Optional[Dataset],
             shares: list[np.ndarray], settings: LoopSettings, device: str = "cpu",
-            on_round: Optional[Callable[[RoundRecord], None]] = None) -> tuple[list[RoundRecord], TorchServerModel]:
+            on_round: Optional[Callable[[RoundRecord], None]] = None, *, toa: Optional[float] = None,
+            device_memory: Optional[Mapping[str, int]] = None, group_eval_examples: int = 256,
+            ) -> tuple[list[RoundRecord], TorchServerModel]:
     """Run `settings.rounds` rounds. `shares[i]` are the training-example indices of the i-th device in
-    sorted device order."""
+    sorted device order. `toa`: FedOLF TOA scale for frozen-prefix downloads. `device_memory`: the memory
+    a device really has where it differs from its group's budget (what `settings.measure_memory` checks
+    against). `group_eval_examples`: per group, local examples the per-group accuracy is measured on."""
     devices = sorted(d for g in fleet.groups for d in g.device_ids)
     if len(shares) != len(devices):
         raise ValueError(f"{len(shares)} data shares for {len(devices)} devices")
     share_of = dict(zip(devices, shares, strict=True))
-    trainer = TorchTrainer(lambda config: device_model(ref, config, index_sets(ref, config)), device=device)
+    budget = {d: g.memory_budget_bytes for g in fleet.groups for d in g.device_ids} | dict(device_memory or {})
+
+    trainer = torch_trainer(ref, device)
 
     def make_device(device_id: str) -> EmulatedDevice:
         idx = share_of[device_id]
-        return EmulatedDevice(device_id, trainer, train.x[idx], train.y[idx])
+        return EmulatedDevice(device_id, trainer, train.x[idx], train.y[idx], memory_bytes=budget[device_id])
 
-    server = TorchServerModel(ref, test, trainer, settings.seed)
+    groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
+    server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa)
     coordinator = Coordinator(fleet, plan, strategy, server, InMemoryTransport(make_device), settings,
                               examples=lambda d: len(share_of[d]), on_round=on_round)
     return coordinator.run(), server

@@ -13,7 +13,9 @@ Two measurements check the cost model (`bench/memory_model.py` compares them wit
 * `measure_peak`: a fresh process (`python -m edgefl.measure '<json>'`, one thread) imports torch and
   edgefl, records its RSS (`baseline_rss_bytes`), builds the device model and optimizer, runs warmup +
   timed steps on random data and reports VmHWM (`peak_rss_bytes`), the growth over the baseline
-  (`peak_rss_growth_bytes`, what the cost model calls training bytes) and the mean step time.
+  (`peak_rss_growth_bytes`, what the cost model calls training bytes) and the mean step time. By
+  default the process runs with glibc's mmap threshold fixed (`configure_allocator`, see below), the
+  allocator policy the torch runtime's constants in edgefl/calibration.py are fitted under.
 """
 from __future__ import annotations
 
@@ -146,6 +148,29 @@ def measure_activation_bytes(ref: ModelRef, config: TrainConfig) -> int:
 
 # ---------------------------------------------------------------------------------------------- peak RSS
 
+# glibc's malloc serves a block of at least its mmap threshold with mmap and gives it back to the OS when
+# freed, but by default it raises that threshold to the largest block ever freed (up to 32 MiB): after the
+# first step every activation-sized block comes from the heap, which keeps what is freed and fragments, so
+# peak RSS follows the order of allocations rather than what is alive at once (measured with
+# bench/memory_model.py: up to 2-5x the live bytes for DenseNet's growing concatenations and the
+# transformer's attention maps). A fixed threshold keeps RSS near the live bytes, at the price of page
+# faults on every large block (steps up to ~2x slower). The cost model is calibrated under this policy.
+MMAP_THRESHOLD = 1 << 20
+ALLOCATORS = ("fixed", "default")
+
+
+def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold in this process (what `allocator='fixed'` measures); call it before
+    training. False where the C library has no mallopt (not glibc): the default policy stays."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    M_MMAP_THRESHOLD = -3
+    return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)))
+
 def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -164,17 +189,24 @@ def _reset_peak() -> None:
 
 
 def measure_peak(ref: ModelRef, config: TrainConfig, runtime: str = "torch", steps: int = 5, warmup: int = 2,
-                 timeout: float = 600.0) -> dict:
-    """Peak RSS of `warmup + steps` training steps in a fresh one-thread process (see module doc)."""
+                 timeout: float = 600.0, allocator: str = "fixed") -> dict:
+    """Peak RSS of `warmup + steps` training steps in a fresh one-thread process (see module doc).
+    allocator: 'fixed' (glibc's mmap threshold fixed at MMAP_THRESHOLD, what the cost model is calibrated
+    for) or 'default' (the C library as it comes)."""
     if runtime not in MEASURED_RUNTIMES:
         raise EdgeflError(f"measuring the {runtime!r} runtime is not implemented yet; "
                           f"measured runtimes: {', '.join(MEASURED_RUNTIMES)}")
     if steps < 1 or warmup < 0:
         raise EdgeflError("measure_peak needs steps >= 1 and warmup >= 0")
+    if allocator not in ALLOCATORS:
+        raise EdgeflError(f"allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
     arg = json.dumps({"model": ref.to_json(), "config": config.to_json(), "runtime": runtime,
-                      "steps": steps, "warmup": warmup})
+                      "steps": steps, "warmup": warmup, "allocator": allocator})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    if allocator == "fixed":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)  # read by glibc at start, before any import
     proc = subprocess.run([sys.executable, "-m", "edgefl.measure", arg], capture_output=True, text=True,
-                          timeout=timeout, env=os.environ.copy())
+                          timeout=timeout, env=env)
     if proc.returncode != 0:
         raise EdgeflError(f"measurement process failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -204,7 +236,7 @@ def _child(arg: str) -> dict:
     peak = _status_bytes("VmHWM")
     return {"runtime": spec["runtime"], "peak_rss_bytes": peak, "baseline_rss_bytes": baseline,
             "peak_rss_growth_bytes": peak - baseline, "step_seconds": step_seconds,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "allocator": spec.get("allocator", "default")}
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
 """What crosses between the coordinator and a device: RoundInstruction down, DeviceReport up.
 
-Versioned and validated on read. Tensors travel as a mapping of global tensor names to arrays; on a
-wire they become one flat float32 buffer in the order the manifest states.
+Versioned and validated on read. Tensors travel as a mapping of global tensor names to arrays (an
+auxiliary head under its global key aux.<boundary>.<kind>.<name>, so the heads of several blocks or exits
+never collide); on a wire they become one flat float32 buffer in the order the manifest states.
+An instruction with a `sequence` asks for its configs to be trained one after another in the round
+(FeDepth), each block starting from the blocks before it as trained; its weights are the union of theirs.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -25,10 +29,17 @@ class RoundInstruction:
     lr: float
     deadline_s: Optional[float] = None
     options: tuple[tuple[str, Any], ...] = ()   # method-specific switches for the trainer (e.g. fjord widths)
+    sequence: tuple[TrainConfig, ...] = ()      # configs trained one after another (FeDepth); () = (config,)
+
+    @property
+    def configs(self) -> tuple[TrainConfig, ...]:
+        return self.sequence or (self.config,)
 
     @property
     def config_hash(self) -> str:
-        return self.config.hash()
+        if not self.sequence:
+            return self.config.hash()
+        return hashlib.sha256("/".join(c.hash() for c in self.sequence).encode()).hexdigest()[:16]
 
     def option(self, name: str, default=None):
         return dict(self.options).get(name, default)
@@ -36,7 +47,7 @@ class RoundInstruction:
     def to_json(self) -> dict:
         d = asdict(self)
         d.update(schema=INSTRUCTION_SCHEMA, config=self.config.to_json(), config_hash=self.config_hash,
-                 options=dict(self.options))
+                 options=dict(self.options), sequence=[c.to_json() for c in self.sequence])
         return d
 
     @classmethod
@@ -45,7 +56,8 @@ class RoundInstruction:
             raise ValueError(f"unknown instruction schema {d.get('schema')!r}; expected {INSTRUCTION_SCHEMA!r}")
         return cls(round=d["round"], device_id=d["device_id"], config=TrainConfig.from_json(d["config"]),
                    weights_version=d["weights_version"], seed=d["seed"], lr=d["lr"], deadline_s=d.get("deadline_s"),
-                   options=tuple(sorted(d.get("options", {}).items())))
+                   options=tuple(sorted(d.get("options", {}).items())),
+                   sequence=tuple(TrainConfig.from_json(c) for c in d.get("sequence", [])))
 
 
 @dataclass
@@ -64,6 +76,7 @@ class DeviceReport:
     upload_bytes: int = 0
     download_bytes: int = 0
     reason: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)   # method-specific, e.g. FjORD's sampled widths
 
     @property
     def ok(self) -> bool:

@@ -13,7 +13,7 @@ from typing import Optional
 
 from edgefl.zoo import ModelRef
 
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class LayerProfile:
     carried_bytes: int        # per sample: storages this layer keeps that a later layer keeps too
     output_saved_bytes: int   # per sample: bytes of this layer's own output that it keeps
     activation_fixed_bytes: int = 0  # per batch, whatever its size: kept storages that do not grow with it
+    forward_peak_bytes: int = 0  # per sample: most bytes alive at once in its forward, input state included
 
 
 @dataclass(frozen=True)

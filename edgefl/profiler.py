@@ -11,6 +11,7 @@ stops early at boundary b add back what layer b-1 kept for layer b.
 """
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 
 import torch
@@ -96,6 +97,49 @@ def _flops(fn):
     return out, counter.flops
 
 
+class _WorkingSet(TorchFunctionMode):
+    """Peak bytes of the tensors alive at once while a layer runs, its input state included, counted per
+    storage, weights excluded. A storage counts from the op that makes it until the last tensor on it that
+    Python holds dies: that is when a no_grad (frozen) forward frees it; what autograd keeps beyond that
+    is counted as activations, not here."""
+
+    def __init__(self, inputs, excluded_ptrs: set[int]):
+        super().__init__()
+        self.excluded = excluded_ptrs
+        self.refs: dict[int, int] = {}
+        self.size: dict[int, int] = {}
+        self.live = self.peak = 0
+        for t in inputs:
+            self._track(t)
+
+    def _track(self, t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self.excluded:
+            return
+        if ptr not in self.refs:
+            self.refs[ptr] = 0
+            self.size[ptr] = storage.nbytes()
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+        self.refs[ptr] += 1
+        weakref.finalize(t, self._release, ptr)
+
+    def _release(self, ptr: int) -> None:
+        self.refs[ptr] -= 1
+        if not self.refs[ptr]:
+            del self.refs[ptr]
+            self.live -= self.size.pop(ptr)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            self._track(t)
+        return out
+
+
 def _loss(logits: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of a training step against random class targets (one per logits row: one per sample
     for a classifier, one per position for a language model)."""
@@ -135,13 +179,15 @@ def _saved_pass(model, batch: int, weight_ptrs: set[int]):
     with saved.hooks():
         for i, layer in enumerate(model.layers):
             saved.owner = i
-            state, flops = _flops(lambda: layer(state))
+            working = _WorkingSet(_tensors(state), weight_ptrs)
+            with working:
+                state, flops = _flops(lambda: layer(state))
             params, param_bytes, buffer_bytes, _ = _weights(layer)
             outs = _tensors(state)
             rows.append(dict(kind=type(layer).__name__, params=params, param_bytes=param_bytes,
                              buffer_bytes=buffer_bytes, output_shape=tuple(outs[0].shape[1:]),
                              output_bytes=sum(_nbytes(t) for t in outs), forward_flops=flops,
-                             out_ptrs={t.untyped_storage().data_ptr() for t in outs}))
+                             out_ptrs={t.untyped_storage().data_ptr() for t in outs}, working=working.peak))
         _loss(state)  # what the loss keeps (log-probabilities, targets) belongs to the last layer
     act = [0] * len(rows)
     carried = [0] * len(rows)
@@ -155,9 +201,10 @@ def _saved_pass(model, batch: int, weight_ptrs: set[int]):
                 carried[o] += size
             if ptr in rows[o]["out_ptrs"]:
                 out_saved[o] += size
+    working = [r.pop("working") for r in rows]
     for r in rows:
         del r["out_ptrs"]
-    return x, rows, act, carried, out_saved
+    return x, rows, act, carried, out_saved, working
 
 
 def _split(one: int, two: int, batch: int = 1) -> tuple[int, int]:
@@ -173,14 +220,15 @@ def _profile_model(ref: ModelRef, widths=None) -> ModelProfile:
     _, _, _, weight_ptrs = _weights(model)
     # batch 1 gives the per-sample description; batch 2 separates what autograd keeps per sample from
     # what it keeps once per batch (BN's saved mean and inverse std per channel, the loss's total weight)
-    x, rows, act1, carried1, out1 = _saved_pass(model, 1, weight_ptrs)
-    _, _, act2, carried2, out2 = _saved_pass(model, 2, weight_ptrs)
+    x, rows, act1, carried1, out1, work1 = _saved_pass(model, 1, weight_ptrs)
+    _, _, act2, carried2, out2, work2 = _saved_pass(model, 2, weight_ptrs)
     layers = []
     for i, r in enumerate(rows):
         act, act_fixed = _split(act1[i], act2[i])
         layers.append(LayerProfile(**r, activation_bytes=act, carried_bytes=_split(carried1[i], carried2[i])[0],
                                    output_saved_bytes=_split(out1[i], out2[i])[0],
-                                   activation_fixed_bytes=act_fixed))
+                                   activation_fixed_bytes=act_fixed,
+                                   forward_peak_bytes=_split(work1[i], work2[i])[0]))
     layers = tuple(layers)
     return ModelProfile(model=ref, widths=tuple(widths) if widths is not None else tuple([1.0] * len(layers)),
                         input_shape=tuple(model.input_shape), input_bytes=_nbytes(x), num_classes=model.num_classes,

@@ -82,7 +82,7 @@ def _aux(ref: ModelRef, boundary: int, kind: str):
 
 
 def aux_prefix(config: TrainConfig) -> str:
-    return f"aux.{config.end}.{config.aux_head}."
+    return config.aux_prefix
 
 
 @lru_cache(maxsize=256)
@@ -156,6 +156,37 @@ def _index(dims: tuple[Optional[Dim], ...], indices: IndexSets, shape: torch.Siz
         return None
     axes = [torch.arange(n) if p is None else torch.tensor(p) for p, n in zip(picks, shape, strict=True)]
     return tuple(a.reshape([-1 if i == d else 1 for i in range(len(axes))]) for d, a in enumerate(axes))
+
+
+@lru_cache(maxsize=64)
+def nested_index(ref: ModelRef, outer: TrainConfig, inner: TrainConfig) -> dict[str, Optional[tuple]]:
+    """For each tensor of the `inner` device model, the index of its entries in the `outer` device model's
+    tensor (None: all of it): basic slices where they are prefixes, open-mesh index tensors otherwise.
+    Both take prefix index sets (HeteroFL, FjORD) and inner is no wider anywhere, so its channels are a
+    subset of outer's: FjORD's ordered dropout trains the inner model on these slices of the outer one."""
+    outer_ix, inner_ix = index_sets(ref, outer), index_sets(ref, inner)
+    out = {}
+    for e in entries(ref, inner):
+        picks = []
+        for d in e.dims:
+            if d is None:
+                picks.append(None)
+                continue
+            where = {g: i for i, g in enumerate(outer_ix.positions(d))}
+            local = [where[g] for g in inner_ix.positions(d)]
+            picks.append(None if len(local) == len(where) and local == sorted(local) else local)
+        if all(p is None for p in picks):
+            out[e.device_key] = None
+        elif all(p is None or p == list(range(len(p))) for p in picks):
+            out[e.device_key] = tuple(slice(None) if p is None else slice(0, len(p)) for p in picks)
+        else:
+            full = (_aux(ref, inner.end, inner.aux_head)[1][e.device_key[4:]] if e.key.startswith("aux.")
+                    else _global(ref)[0].state_dict()[e.key]).shape
+            shape = [n if d is None else len(outer_ix.positions(d)) for d, n in zip(e.dims, full, strict=True)]
+            axes = [torch.arange(n) if p is None else torch.tensor(p) for p, n in zip(picks, shape, strict=True)]
+            out[e.device_key] = tuple(a.reshape([-1 if i == k else 1 for i in range(len(axes))])
+                                      for k, a in enumerate(axes))
+    return out
 
 
 def extract(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config: TrainConfig,

@@ -21,6 +21,11 @@ IndexMode = Literal["prefix", "rolling", "random"]
 OPTIMIZER_STATE_SLOTS = {"sgd": 1, "adamw": 2}
 
 
+def aux_key(boundary: int, kind: str) -> str:
+    """Where the auxiliary head of `kind` at `boundary` lives in the global state (and on the wire)."""
+    return f"aux.{boundary}.{kind}."
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     num_layers: int
@@ -57,6 +62,11 @@ class TrainConfig:
     @property
     def trained_layers(self) -> range:
         return range(self.frozen_prefix, self.end)
+
+    @property
+    def aux_prefix(self) -> str:
+        """Global key prefix of this config's auxiliary head."""
+        return aux_key(self.end, self.aux_head)
 
     @property
     def widths(self) -> tuple[float, ...]:

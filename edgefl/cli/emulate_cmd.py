@@ -44,6 +44,12 @@ def emulate(
     layers: Optional[str] = typer.Option(None, "--layers"),
     classes: Optional[int] = typer.Option(None, "--classes", min=2),
     input_shape: Optional[str] = typer.Option(None, "--input-shape"),
+    toa_scale: Optional[float] = typer.Option(None, "--toa", min=0.0, max=1.0,
+                                              help="FedOLF TOA: send frozen layers (but the last) as this share of "
+                                                   "their filters, sampled by norm"),
+    measure_memory: bool = typer.Option(False, "--measure-memory",
+                                        help="devices measure the activations autograd keeps and fail a round "
+                                             "whose peak would exceed their memory"),
 ):
     """Train the whole fleet in one process, each virtual device held to its budget."""
     from edgefl.cli.main import stdout
@@ -82,14 +88,17 @@ def emulate(
     (output / "config.json").write_text(json.dumps({
         "devices": str(devices), "model": ref.to_json(), "dataset": dataset, "method": method, "rounds": rounds,
         "clients_per_round": clients_per_round, "partition": partition, "device": device, "seed": seed,
-        "batch_size": batch_size, "local_epochs": local_epochs, "lr": lr, "train_examples": len(train.y),
+        "batch_size": batch_size, "local_epochs": local_epochs, "lr": lr, "toa": toa_scale,
+        "measure_memory": measure_memory, "train_examples": len(train.y),
         "test_examples": len(test.y)}, indent=2) + "\n")
     plan.write(output / "plan.json")
     for g in plan.groups.values():
         if g.excluded:
             stdout.print(f"[yellow]group {g.name} excluded[/]: {g.reason}")
+    if toa_scale is not None and toa_scale <= 0:
+        raise ConfigError(f"--toa {toa_scale}: the share of filters sent must be in (0, 1]")
     settings = LoopSettings(rounds=rounds, clients_per_round=clients_per_round, seed=seed, eval_every=eval_every,
-                            lr=lr, lr_final=lr / 10)
+                            lr=lr, lr_final=lr / 10, measure_memory=measure_memory)
     records = []
     with Progress(TextColumn("round {task.completed}/{task.total}"), BarColumn(), TimeRemainingColumn(),
                   TextColumn("{task.fields[acc]}"), console=stdout, transient=False) as bar:
@@ -101,7 +110,8 @@ def emulate(
             acc = f"accuracy {record.accuracy:.3f}" if record.accuracy is not None else ""
             bar.update(task, advance=1, acc=acc)
 
-        _, server = run_emulation(fleet, plan, strategy, ref, train, test, shares, settings, device, on_round)
+        _, server = run_emulation(fleet, plan, strategy, ref, train, test, shares, settings, device, on_round,
+                                  toa=toa_scale)
     import torch
     torch.save(server.state, output / "weights.pt")
     last = next((r.accuracy for r in reversed(records) if r.accuracy is not None), None)

@@ -7,7 +7,7 @@ group plans live here once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants
 from edgefl.cost import Cost, cost
@@ -109,12 +109,14 @@ class Strategy:
         """The step a device of `group` trains in `round`; the plan's, unless a method decides online."""
         return plan.groups[group].step_at(round)
 
-    def trainer_options(self, round: int, step: Step) -> dict:
-        """Method-specific switches for the device's trainer (FjORD's widths, DepthFL's distillation)."""
+    def trainer_options(self, round: int, step: Step, group: Optional[GroupPlan] = None) -> dict:
+        """Method-specific switches for the device's trainer (FjORD's widths, DepthFL's exits and
+        distillation, m-FeDepth's mutual learning); `group` is the device's group plan (its flags)."""
         return {}
 
-    def after_round(self, round: int, record) -> None:
-        """Online decisions after aggregation (ProFL's block freezing)."""
+    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
+        """Online decisions after aggregation (ProFL's block freezing). `state`: the new global tensors by
+        name (read them with numpy); write what was decided into `record.decisions`."""
 
     def new_plan(self, ctx: PlanContext, groups: dict[str, GroupPlan], notes: Sequence[str] = ()) -> Plan:
         return Plan(method=self.name, model=ctx.model, rounds=ctx.rounds, batch_size=ctx.batch_size,

@@ -5,13 +5,19 @@ each block with a skip connection to the classifier (an auxiliary linear head at
 last block uses the model's own head). A block start whose smallest block does not fit is skipped and
 stays frozen (partial training). Devices with at least twice the full model's cost are marked for
 m-FeDepth mutual distillation.
+
+Training half: the step's `sequence` goes down as one instruction (the union of the blocks' weights); the
+device trains the blocks one after another, each on all its local data from the blocks before it as
+trained, and uploads every block with its skip classifier. Devices flagged 'mutual-distillation' train
+`copies` copies of each block with mutual KL distillation (device_runtime objectives.MutualLearning).
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from edgefl.cost import Cost
-from edgefl.plan import Step, violations
+from edgefl.plan import GroupPlan, Step, violations
 from edgefl.strategies.base import PlanContext, Strategy, first_fit, group_plan
 
 
@@ -26,6 +32,14 @@ def sequence_cost(costs: list[Cost]) -> Cost:
 
 class FeDepth(Strategy):
     name = "fedepth"
+
+    def __init__(self, copies: int = 2, noise: float = 0.01):
+        self.copies, self.noise = copies, noise      # m-FeDepth: models per flagged device, peers' init noise
+
+    def trainer_options(self, round: int, step: Step, group: Optional[GroupPlan] = None) -> dict:
+        if group is not None and "mutual-distillation" in group.flags and self.copies > 1:
+            return {"mutual": self.copies, "mutual_noise": self.noise}
+        return {}
 
     def block(self, ctx: PlanContext, start: int, end: int):
         if end == ctx.num_layers:

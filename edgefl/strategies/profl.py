@@ -6,12 +6,25 @@ for the blocks after it (one conv per later stage, then the classifier); progres
 trains blocks 1..T front to back with the earlier blocks frozen. A device that cannot afford the block
 being trained trains only the output module. The rounds given to each step here are an even split:
 the training half switches steps online by effective movement (ProFL sec. 3.3).
+
+Training half: the steps run in the plan's order (shrinking back to front, then growing front to back),
+ignoring the plan's round ranges; a group trains its own config of the current step, or sits out where it
+has none. After each round's aggregation the global tensors of the block being trained (its layers'
+parameters; the output modules' where no group trains the block) are snapshot, and once
+edgefl.progress.should_freeze(H, W, phi, window) holds, the next round moves to the next step; the last
+step trains to the end. Steps the plan gives no rounds to (R below the number of steps) are absent.
+Defaults: H = 5, window = 5, W = 3, phi = 0.01 (the paper gives no values; freezing needs H + window +
+W - 1 snapshots, about 12 rounds per step). `record.decisions` shows the step, EM, slope and switches.
 """
 from __future__ import annotations
 
-from typing import Optional
+from collections import deque
+from typing import Any, Mapping, Optional
 
-from edgefl.plan import Step
+import numpy as np
+
+from edgefl.plan import Plan, Step
+from edgefl.progress import movement_series, should_freeze, slopes
 from edgefl.strategies.base import PlanContext, Strategy, group_plan
 from edgefl.strategies.slt import round_schedule
 
@@ -28,8 +41,65 @@ def block_ends(ctx: PlanContext, blocks: Optional[int]) -> list[int]:
 class ProFL(Strategy):
     name = "profl"
 
-    def __init__(self, blocks: Optional[int] = None):
-        self.blocks = blocks
+    def __init__(self, blocks: Optional[int] = None, H: int = 5, W: int = 3, phi: float = 0.01, window: int = 5):
+        self.blocks, self.H, self.W, self.phi, self.window = blocks, H, W, phi, window
+        self.current = 0                       # index into the plan's step order
+        self.plan_: Optional[Plan] = None
+        self.snapshots: deque = deque(maxlen=H + window + W - 1)   # all the last W slopes depend on
+        self.keys: tuple[str, ...] = ()
+
+    def order(self, plan: Plan) -> list[tuple[int, int]]:
+        """The steps in the plan's order, named by their round range (shared by every group's step)."""
+        return sorted({s.rounds for g in plan.groups.values() for s in g.steps})
+
+    def configure_round(self, plan: Plan, round: int, group: str) -> Optional[Step]:
+        self.plan_ = plan
+        order = self.order(plan)
+        if not order:
+            return None
+        key = order[min(self.current, len(order) - 1)]
+        return next((s for s in plan.groups[group].steps if s.rounds == key), None)
+
+    def step_configs(self):
+        key = self.order(self.plan_)[self.current]
+        return [s for g in self.plan_.groups.values() for s in g.steps if s.rounds == key]
+
+    def tracked(self, state: Mapping[str, Any]) -> tuple[str, ...]:
+        """Parameters of the block the current step trains (its output modules' if no group trains it)."""
+        configs = [s.config for s in self.step_configs()]
+        layers = sorted({i for c in configs for i in c.trained_layers})
+        prefixes = tuple(f"layers.{i}." for i in layers) if layers else tuple(
+            {c.aux_prefix for c in configs if c.aux_head is not None})
+        return tuple(k for k in state if k.startswith(prefixes) and "running_" not in k and "num_batches" not in k)
+
+    def observe(self, state: Mapping[str, Any]) -> None:
+        """Append the tracked block's snapshot; a changed set of tensors (an output module that appeared)
+        starts the history afresh."""
+        keys = self.tracked(state)
+        if keys != self.keys:
+            self.snapshots.clear()
+            self.keys = keys
+        if keys:
+            self.snapshots.append(np.concatenate([np.asarray(state[k]).astype(np.float32, copy=False).ravel()
+                                                  for k in keys]))
+
+    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
+        if self.plan_ is None or state is None or not self.order(self.plan_):
+            return
+        self.observe(state)
+        history = list(self.snapshots)
+        d: dict[str, Any] = {"step": self.current, "step_label": self.step_configs()[0].label.split(":")[0]}
+        if len(history) > self.H:
+            d["effective_movement"] = movement_series(history[-(self.H + 1):], self.H)[-1]
+        if len(history) >= self.H + self.window:
+            d["slope"] = slopes(history, self.H, self.window)[-1]
+        if self.current < len(self.order(self.plan_)) - 1 and should_freeze(history, self.H, self.W, self.phi,
+                                                                             self.window):
+            self.current += 1
+            d["switched_to"] = self.current
+            self.keys = ()
+            self.observe(state)   # a fresh history: the next block as it stands before its first round
+        record.decisions.update(d)
 
     def plan(self, ctx: PlanContext):
         L = ctx.num_layers

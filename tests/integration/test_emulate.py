@@ -1,16 +1,14 @@
 """Emulation end to end on real Fashion-MNIST (a seeded subset), CPU."""
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from edgefl.coordinator import LoopSettings
-from edgefl.data import load_dataset, parse_partition
+from edgefl.data import parse_partition
 from edgefl.emulation import emulate
 from edgefl.fleet import parse_fleet
 from edgefl.plan import verify
@@ -19,24 +17,9 @@ from edgefl.zoo import ModelRef
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FLEET = """
-fleet:
-  groups:
-    small: {count: 6, memory_budget: 70MiB, runtime: ort}
-    big: {count: 4, memory_budget: 1GiB, runtime: torch}
-"""
 
 
-@pytest.fixture(scope="module")
-def data():
-    def subset(ds, n, seed):
-        keep = np.sort(np.random.default_rng(seed).permutation(len(ds.y))[:n])
-        return dataclasses.replace(ds, x=ds.x[keep], y=ds.y[keep])
-    return (subset(load_dataset("fashion-mnist", split="train"), 1200, 0),
-            subset(load_dataset("fashion-mnist", split="test"), 500, 1))
-
-
-def run(method, data, fleet_text=FLEET, rounds=3, per_round=4, store=None):
+def run(method, data, fleet_text, rounds=3, per_round=4, store=None):
     train, test = data
     fleet = parse_fleet(fleet_text)
     ref = ModelRef.of("cnn")
@@ -49,8 +32,8 @@ def run(method, data, fleet_text=FLEET, rounds=3, per_round=4, store=None):
 
 
 @pytest.mark.parametrize("method", sorted(STRATEGIES))
-def test_every_method_runs_three_rounds(method, data):
-    plan, records = run(method, data)
+def test_every_method_runs_three_rounds(method, data, fleet_text):
+    plan, records = run(method, data, fleet_text)
     assert [r.round for r in records] == [1, 2, 3]
     assert sum(sum(r.participating.values()) for r in records) > 0
     for r in records:
@@ -61,14 +44,14 @@ def test_every_method_runs_three_rounds(method, data):
 
 
 @pytest.mark.parametrize("method", ["fedavg", "slt", "fedolf"])
-def test_accuracy_rises_over_ten_rounds(method, data):
-    _, records = run(method, data, rounds=10, per_round=5)
+def test_accuracy_rises_over_ten_rounds(method, data, fleet_text):
+    _, records = run(method, data, fleet_text, rounds=10, per_round=5)
     first, last = records[0].accuracy, max(r.accuracy for r in records[-3:])
     assert last > first + 0.1, [round(r.accuracy, 3) for r in records]
 
 
-def test_group_that_fits_nothing_is_excluded_and_the_run_goes_on(data):
-    fleet = FLEET + "    brick: {count: 3, memory_budget: 5MiB, runtime: ort}\n"
+def test_group_that_fits_nothing_is_excluded_and_the_run_goes_on(data, fleet_text):
+    fleet = fleet_text + "    brick: {count: 3, memory_budget: 5MiB, runtime: ort}\n"
     plan, records = run("fedolf", data, fleet_text=fleet, rounds=3, per_round=13)
     assert plan.groups["brick"].excluded
     for r in records:
@@ -77,9 +60,9 @@ def test_group_that_fits_nothing_is_excluded_and_the_run_goes_on(data):
         assert sum(r.participating.values()) == 10
 
 
-def test_cli_writes_a_run_folder(tmp_path):
+def test_cli_writes_a_run_folder(tmp_path, fleet_text):
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(FLEET)
+    fleet.write_text(fleet_text)
     out = tmp_path / "runs" / "slt"
     r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
                         "--dataset", "fashion-mnist", "--method", "slt", "--rounds", "2", "--clients-per-round", "3",
@@ -97,9 +80,9 @@ def test_cli_writes_a_run_folder(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_cuda_absent_is_a_clear_error(tmp_path):
+def test_cuda_absent_is_a_clear_error(tmp_path, fleet_text):
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(FLEET)
+    fleet.write_text(fleet_text)
     r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
                         "--dataset", "fashion-mnist", "--method", "fedavg", "--rounds", "1", "--device", "cuda",
                         "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=os.environ)

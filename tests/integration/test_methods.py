@@ -1,0 +1,188 @@
+"""The methods' training halves, end to end on a Fashion-MNIST subset (CPU, one thread): FeDepth's block
+sequences, DepthFL's self-distillation, FjORD's ordered dropout, ProFL's online step switching, FedOLF's
+TOA downloads, measured memory with out-of-memory failures, and per-group accuracy."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.coordinator import LoopSettings
+from edgefl.data import load_dataset, parse_partition
+from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice
+from edgefl.emulation import TorchServerModel, emulate, torch_trainer
+from edgefl.fleet import parse_fleet
+from edgefl.messages import RoundInstruction
+from edgefl.plan import verify
+from edgefl.strategies import PlanContext, get_strategy
+from edgefl.strategies.profl import ProFL
+from edgefl.zoo import ModelRef
+
+from emulation_inputs import CNN, FLEET, small_budget
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def plan_for(strategy, rounds=3):
+    fleet = parse_fleet(FLEET.format(small=small_budget()))
+    return fleet, verify(strategy.plan(PlanContext(fleet, CNN, rounds=rounds, batch_size=32)), fleet)
+
+
+def run(strategy, data, rounds=3, per_round=4, **kwargs):
+    train, test = data
+    fleet, plan = plan_for(strategy, rounds)
+    shares = parse_partition("iid").split(train.y, fleet.device_count, 0)
+    settings = LoopSettings(rounds=rounds, clients_per_round=per_round, lr=0.05, seed=0,
+                            measure_memory=kwargs.pop("measure_memory", False))
+    records, server = emulate(fleet, plan, strategy, plan.model, train, test, shares, settings, **kwargs)
+    return plan, records, server
+
+
+def one_device(strategy, group, data, options=None, **trainer_args):
+    """A server, a device of `group` holding 100 local examples, and the instruction of its step."""
+    train, _ = data
+    _, plan = plan_for(strategy)
+    step = strategy.configure_round(plan, 1, group)
+    opts = strategy.trainer_options(1, step, plan.groups[group]) if options is None else options
+    instruction = RoundInstruction(round=1, device_id=f"{group}-0", config=step.config, weights_version=0, seed=7,
+                                   lr=0.05, options=tuple(sorted(opts.items())), sequence=step.sequence)
+    trainer = torch_trainer(CNN, **trainer_args)
+    server = TorchServerModel(CNN, None, trainer, seed=0)
+    device = EmulatedDevice(instruction.device_id, trainer, train.x[:100], train.y[:100])
+    return server, device, instruction
+
+
+def test_fedepth_trains_the_sequence_and_aggregates_every_block(data):
+    server, device, instruction = one_device(get_strategy("fedepth"), "small", data)
+    blocks = instruction.configs
+    assert len(blocks) >= 2 and all(a.end == b.frozen_prefix for a, b in zip(blocks, blocks[1:]))
+    delivery = server.weights_for(instruction, device_seed=1)
+    report = device.handle(instruction, delivery.weights)
+    assert report.ok, report.reason
+    # every block goes up with its skip classifier (the last with the model's head), nothing else
+    expected = {k for c in blocks for k in server.state if any(k.startswith(f"layers.{i}.") for i in c.trained_layers)
+                or (c.aux_head is not None and k.startswith(c.aux_prefix))}
+    assert set(report.tensors) == expected
+    for c in blocks:
+        assert any(k.startswith(f"layers.{c.frozen_prefix}.") for k in report.tensors)
+        assert c.aux_head is None or any(k.startswith(c.aux_prefix) for k in report.tensors)
+    before = {k: v.clone() for k, v in server.state.items()}
+    server.aggregate([server.contribution(report, instruction, delivery.handle)], "trained")
+    for key in report.tensors:
+        assert torch.equal(server.state[key], report.tensors[key]) and not torch.equal(server.state[key], before[key])
+
+
+def test_fedepth_runs_with_mutual_distillation_on_rich_devices(data):
+    plan, records, _ = run(get_strategy("fedepth"), data, rounds=2, per_round=10)
+    assert plan.groups["big"].flags == ("mutual-distillation",)
+    metrics = records[-1].device_metrics
+    assert {m.get("mutual_copies") for d, m in metrics.items() if d.startswith("big")} == {2}
+    assert all(records[-1].sampled[d] == "big" for d in metrics)
+    assert records[-1].participating == {"small": 6, "big": 4}
+
+
+def test_depthfl_distillation_changes_the_loss(data):
+    strategy = get_strategy("depthfl")
+    server, device, instruction = one_device(strategy, "big", data)
+    assert instruction.option("exits") == (1, 2) and instruction.option("distill") == 1.0
+    delivery = server.weights_for(instruction, device_seed=1)
+    with_kl = device.handle(instruction, delivery.weights)
+    assert {"aux.1.linear.fc.weight", "aux.2.linear.fc.weight", "layers.3.weight"} <= set(with_kl.tensors)
+    plain = dataclasses.replace(instruction, options=(("distill", 0.0), ("exits", (1, 2))))
+    without = device.handle(plain, delivery.weights)
+    # the same first batch: the KL between the three exits adds to the summed cross-entropies
+    assert with_kl.loss_before > without.loss_before + 1e-4
+    assert not torch.equal(with_kl.tensors["layers.0.0.weight"], without.tensors["layers.0.0.weight"])
+    server.aggregate([server.contribution(with_kl, instruction, delivery.handle)], "trained")
+    assert torch.equal(server.state["aux.1.linear.fc.weight"], with_kl.tensors["aux.1.linear.fc.weight"])
+
+
+def test_fjord_trains_a_sampled_width_per_batch(data):
+    plan, records, _ = run(get_strategy("fjord"), data, rounds=2, per_round=10)
+    s_small = plan.groups["small"].steps[0].config.head_width
+    for r in records:
+        for device, metrics in r.device_metrics.items():
+            widths = {float(p): n for p, n in metrics["fjord_widths"].items()}
+            cap = s_small if r.sampled[device] == "small" else 1.0
+            assert len(widths) >= 2 and max(widths) <= cap and sum(widths.values()) == 4   # 120 examples / 32
+    assert records[-1].participating == {"small": 6, "big": 4}
+
+
+def test_fjord_narrow_batches_touch_only_the_prefix(data):
+    strategy = get_strategy("fjord")
+    server, device, instruction = one_device(strategy, "small", data, options={"fjord_widths": (0.25,)},
+                                             momentum=0.0, weight_decay=0.0)
+    delivery = server.weights_for(instruction, device_seed=1)
+    report = device.handle(instruction, delivery.weights)
+    assert report.metrics == {"fjord_widths": {"0.25": 4}}                  # 100 examples, batches of 32
+    w0, w1 = delivery.weights["layers.0.0.weight"], report.tensors["layers.0.0.weight"]
+    assert w1.shape == w0.shape                                   # the upload is the s_e submodel
+    assert not torch.equal(w1[:8], w0[:8]) and torch.equal(w1[8:], w0[8:])   # floor(0.25 * 32) = 8 filters
+    f0, f1 = delivery.weights["layers.2.1.weight"], report.tensors["layers.2.1.weight"]
+    assert torch.equal(f1[128:], f0[128:]) and torch.equal(f1[:, 16 * 49:], f0[:, 16 * 49:])
+
+
+def test_profl_switches_steps_when_effective_movement_flattens(data):
+    strategy = ProFL(H=1, W=1, phi=1e-3, window=2)   # EM over one round is 1: its slope is flat at once
+    plan, records, _ = run(strategy, data, rounds=6, per_round=10)
+    steps = [r.decisions["step"] for r in records]
+    assert steps == sorted(steps) and steps[-1] >= 1
+    switches = [r for r in records if "switched_to" in r.decisions]
+    assert switches and all("effective_movement" in r.decisions for r in records[1:])
+    assert all(r.decisions["slope"] < 1e-3 for r in switches)
+    # the round after a switch trains the next step's configs, whatever the plan's round ranges say
+    after = records[switches[0].round]
+    assert after.decisions["step"] == switches[0].decisions["switched_to"]
+    big = {s.rounds: s for s in plan.groups["big"].steps}[strategy.order(plan)[after.decisions["step"]]]
+    assert {p for d, p in after.predicted_peak_bytes.items() if after.sampled[d] == "big"} == {
+        big.predicted.peak_memory_bytes}
+
+    never = ProFL(H=1, W=1, phi=-1.0, window=2)
+    _, records, _ = run(never, data, rounds=3, per_round=3)
+    assert [r.decisions["step"] for r in records] == [0, 0, 0]
+
+
+def test_toa_reports_a_download_saving_and_still_trains(data):
+    plan, records, server = run(get_strategy("fedolf"), data, rounds=4, per_round=10, toa=0.5)
+    _, plain, _ = run(get_strategy("fedolf"), data, rounds=1, per_round=10)
+    assert plan.groups["small"].steps[0].config.frozen_prefix >= 2
+    assert all(r.download_saved_bytes > 0 for r in records)
+    assert records[0].download_bytes + records[0].download_saved_bytes == plain[0].download_bytes
+    assert all(not r.rejected and not r.failed and r.participating == {"small": 6, "big": 4} for r in records)
+    assert records[-1].accuracy > records[0].accuracy + 0.1
+
+
+def test_measured_memory_matches_the_cost_model_and_an_overfull_device_fails(data):
+    plan, records, _ = run(get_strategy("fedolf"), data, rounds=1, per_round=10, measure_memory=True)
+    r = records[0]
+    assert set(r.measured_activation_bytes) == set(r.sampled) and not r.failed
+    for device, measured in r.measured_activation_bytes.items():
+        predicted = plan.groups[r.sampled[device]].steps[0].predicted
+        assert measured == pytest.approx(predicted.activation_bytes, rel=0.05)
+    # a device whose real memory is one byte short of its true peak fails like an OOM; the run goes on
+    victim = "big-0"
+    predicted = plan.groups["big"].steps[0].predicted
+    true_peak = predicted.peak_memory_bytes - predicted.activation_bytes + r.measured_activation_bytes[victim]
+    _, records, _ = run(get_strategy("fedolf"), data, rounds=2, per_round=10, measure_memory=True,
+                        device_memory={victim: true_peak - 1})
+    for r in records:
+        assert set(r.failed) == {victim} and "out of memory" in r.failed[victim]
+        assert r.participating == {"small": 6, "big": 3} and r.accuracy is not None
+        assert set(r.group_accuracy) == {"small", "big"} and all(0 <= a <= 1 for a in r.group_accuracy.values())
+
+
+def test_cli_toa_and_measure_memory(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(FLEET.format(small=small_budget()))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
+                        "--dataset", "fashion-mnist", "--method", "fedolf", "--rounds", "1", "--clients-per-round",
+                        "10", "--train-limit", "600", "--test-limit", "200", "--toa", "0.5", "--measure-memory",
+                        "-o", str(out)], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    (record,) = json.loads((out / "history.json").read_text())["rounds"]
+    assert record["download_saved_bytes"] > 0 and len(record["measured_activation_bytes"]) == 10
+    assert set(record["group_accuracy"]) == {"small", "big"} and record["failed"] == {}
