@@ -57,7 +57,7 @@ def emulate(
     from edgefl.coordinator import LoopSettings
     from edgefl.data import load_dataset, parse_partition
     from edgefl.device_runtime.trainers.torch_trainer import resolve_device
-    from edgefl.emulation import emulate as run_emulation
+    from edgefl.cli.emulation import emulate as run_emulation
     from edgefl.fleet import load_fleet
     from edgefl.history import write_history
     from edgefl.plan import verify

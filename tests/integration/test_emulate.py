@@ -9,7 +9,7 @@ import torch
 
 from edgefl.coordinator import LoopSettings
 from edgefl.data import parse_partition
-from edgefl.emulation import emulate
+from edgefl.cli.emulation import emulate
 from edgefl.fleet import parse_fleet
 from edgefl.plan import verify
 from edgefl.strategies import STRATEGIES, PlanContext, get_strategy

@@ -14,7 +14,7 @@ import torch
 from edgefl.coordinator import LoopSettings
 from edgefl.data import load_dataset, parse_partition
 from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice
-from edgefl.emulation import TorchServerModel, emulate, torch_trainer
+from edgefl.cli.emulation import TorchServerModel, emulate, torch_trainer
 from edgefl.fleet import parse_fleet
 from edgefl.messages import RoundInstruction
 from edgefl.plan import verify

@@ -1,5 +1,8 @@
 """Emulation: the coordinator's round loop with an in-memory transport and in-process torch devices.
 
+It lives with the CLI because it wires the device room (the torch Trainer) into the core, which never
+imports it.
+
 Not a second system: the same Coordinator, Strategy and aggregation run as in deployment; only the
 Transport and the devices differ. Each virtual device holds its share of the training data and is held
 to its group's budgets: the coordinator refuses configs over budget, and with `settings.measure_memory`
