@@ -148,6 +148,9 @@ def main(argv=None) -> int:
 
     from edgefl.measure import MMAP_THRESHOLD, measure_activation_bytes, measure_peak
 
+    # the in-process activation measurements run one step each on small batches: a second intra-op
+    # thread only spins (and fights the peak processes for the 2 cores), so one thread
+    torch.set_num_threads(1)
     started = time.time()
     names = args.models.split(",") if args.models else (["resnet20"] if args.quick else model_names())
     constants = DEFAULTS["torch"]

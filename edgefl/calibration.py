@@ -1,11 +1,13 @@
 """Per-runtime constants of the cost model, and where each default comes from.
 
 `baseline_bytes` is what importing the runtime and opening a session costs before any model exists.
-`workspace_fixed_bytes` is memory the first training step allocates once (kernel libraries, thread
-pools, allocator arenas); `workspace_factor` scales the largest per-layer transient (input + output
-state, which backward holds as gradients) times the batch. Defaults come from measurements on an x86_64
-2-core machine; `edgefl calibrate` fits them from device reports and writes a JSON file that
-`load_calibration` reads instead.
+`workspace_fixed_bytes` is memory the first training step allocates once (kernel libraries and their
+code pages, thread pools, allocator arenas; for torch also torch._dynamo, which torch.optim imports on
+first use, about 70 MiB); `workspace_factor` scales the step's live-bytes peak (`edgefl.cost.
+step_peak_bytes`: kept activations, gradients and each layer's forward working set on the step's
+timeline) for what kernels allocate beyond the tensors the profiler sees. Defaults come from
+measurements on an x86_64 2-core machine; `edgefl calibrate` fits them from device reports and writes a
+JSON file that `load_calibration` reads instead.
 """
 from __future__ import annotations
 
@@ -27,10 +29,14 @@ class RuntimeConstants:
 
 
 DEFAULTS: dict[str, RuntimeConstants] = {
-    # baseline: RSS right after `import torch` + edgefl in a fresh process; workspace: least-squares fit of
-    # measured peak-RSS growth on 158 ResNet/CNN peaks (bench/memory_model.py --fit, 2026-11-22, torch 2.13.0
-    # CPU, x86_64, one thread, glibc mmap threshold fixed at 1 MiB); the other models are out of sample
-    "torch": RuntimeConstants(228_450_304, 103_854_149, 1.25,
+    # baseline_bytes: RSS right after `import torch` in a fresh process (bench/memory_model.py writes it
+    # as torch_import_rss_bytes). workspace: least-squares fit (relative error) of the measured peak-RSS
+    # growth of fresh training processes on 114 ResNet-20/56 and CNN peaks (bench/memory_model.py --fit,
+    # 2026-11, torch 2.13.0 CPU, x86_64, one thread, glibc's mmap threshold fixed at 128 KiB as
+    # edgefl.measure.configure_allocator sets it); DenseNet, VGG, ViT and the transformer are out of
+    # sample (within 12.5% there). Under glibc's default dynamic threshold the heap fragments and the
+    # growth is up to ~2x these predictions: see bench/results/memory_model.json, default_allocator.
+    "torch": RuntimeConstants(228_450_304, 101_059_889, 1.06,
                               "measured import RSS; workspace fitted on measured peaks (bench/memory_model.py)"),
     # onnxruntime-training-cpu 1.19.2 imported through the torch-free shim, session opened
     "ort": RuntimeConstants(52 * MiB, 8 * MiB, 2.0, "measured import RSS; workspace estimate, unmeasured"),

@@ -6,6 +6,14 @@ activation share of a frozen prefix; plus what a real process adds):
     peak = runtime_baseline + training_bytes
     training_bytes = weights(frozen + trained) + gradients(trained) + optimizer state
                      + activations kept for the trained layers + workspace
+    workspace = workspace_fixed + input batch
+                + max(0, workspace_factor * step_peak - activations - gradients)
+
+`step_peak_bytes` walks the step's timeline (frozen forward, trained forward, backward, optimizer step)
+with each layer's forward working set, kept activations and gradients: what is alive at once, which is
+more than activations + gradients where a layer's working set dominates (a frozen transformer block's
+attention maps) and less where backward frees activations as it makes gradients (clamped: the sum is
+kept, an upper bound).
 
 All byte counts are float32 unless the profile says otherwise; FLOPs count conv and matmul work
 (multiply-add = 2 FLOPs) per sample: frozen layers forward only, trained layers forward + backward

@@ -151,11 +151,12 @@ def measure_activation_bytes(ref: ModelRef, config: TrainConfig) -> int:
 # glibc's malloc serves a block of at least its mmap threshold with mmap and gives it back to the OS when
 # freed, but by default it raises that threshold to the largest block ever freed (up to 32 MiB): after the
 # first step every activation-sized block comes from the heap, which keeps what is freed and fragments, so
-# peak RSS follows the order of allocations rather than what is alive at once (measured with
-# bench/memory_model.py: up to 2-5x the live bytes for DenseNet's growing concatenations and the
-# transformer's attention maps). A fixed threshold keeps RSS near the live bytes, at the price of page
-# faults on every large block (steps up to ~2x slower). The cost model is calibrated under this policy.
-MMAP_THRESHOLD = 1 << 20
+# peak RSS follows the order of allocations rather than what is alive at once (bench/memory_model.py,
+# 2026-11: 1.2-1.5x the live bytes for the CNNs, up to ~5x for DenseNet's growing concatenations and
+# about 2x for the transformer's attention maps). Fixing the threshold at glibc's own starting value,
+# 128 KiB, keeps peak RSS at the live bytes plus a constant; every large block then costs fresh page
+# faults (steps up to ~2x slower on 1 thread). The torch runtime's constants are fitted under this policy.
+MMAP_THRESHOLD = 128 * 1024
 ALLOCATORS = ("fixed", "default")
 
 

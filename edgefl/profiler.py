@@ -2,12 +2,14 @@
 
 One batch-1 training step of the fully trainable model runs layer by layer. Per layer we record its
 parameters and buffers, the shape and bytes of its output state, its forward FLOPs (torch's FLOP
-counter: conv and matmul ops, a multiply-add counted as 2 FLOPs) and which storages autograd keeps for
-backward (`saved_tensors_hooks`, deduplicated by storage, parameters and buffers excluded: they are
-weights, not activations); the loss's own kept storages (log-probabilities, targets) count for the last
-layer, and for an auxiliary head, the head. A storage is attributed to the last layer that keeps it, so the activation
-bytes of any trained suffix [a, L) are the sum over its layers; `carried_bytes` lets a suffix that
-stops early at boundary b add back what layer b-1 kept for layer b.
+counter: conv and matmul ops, a multiply-add counted as 2 FLOPs), the most bytes alive at once in its
+forward (its working set) and which storages autograd keeps for backward (`saved_tensors_hooks`,
+deduplicated by storage, parameters and buffers excluded: they are weights, not activations); the
+loss's own kept storages (log-probabilities, targets) count for the last layer, and for an auxiliary
+head, the head. A storage is attributed to the last layer that keeps it, so the activation bytes of any
+trained suffix [a, L) are the sum over its layers; `carried_bytes` lets a suffix that stops early at
+boundary b add back what layer b-1 kept for layer b. A second step at batch 2 splits what is kept per
+sample from what is kept once per batch (BN's per-channel statistics: `activation_fixed_bytes`).
 """
 from __future__ import annotations
 

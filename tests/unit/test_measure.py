@@ -9,6 +9,8 @@ from edgefl.measure import build_device_model, measure_activation_bytes, measure
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 RESNET = ModelRef.of("resnet20")
 CNN = ModelRef.of("cnn")
 
