@@ -69,10 +69,23 @@ _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bm
             torch.Tensor.mm, torch.addmm, torch.baddbmm}
 
 
-class _FlopCounter(TorchFunctionMode):
-    """Counts conv and matmul FLOPs at the torch-function level (a dispatch-level counter would pull in
-    the compiler stack, over a second of import on first use)."""
+def _op_flops(func, args, kwargs, out) -> float:
+    """Conv and matmul FLOPs of one torch-function call (a multiply-add counts 2), 0 for other ops. Counted
+    at the torch-function level: a dispatch-level counter would pull in the compiler stack, over a second
+    of import on first use."""
+    if func in (F.conv1d, F.conv2d, torch.conv2d, torch.conv1d):
+        w = args[1] if len(args) > 1 else kwargs["weight"]
+        return 2.0 * out.numel() * w[0].numel()
+    if func is F.linear:
+        w = args[1] if len(args) > 1 else kwargs["weight"]
+        return 2.0 * out.numel() * w.shape[-1]
+    if func in _MATMULS:
+        a = args[1] if func in (torch.addmm, torch.baddbmm) else args[0]
+        return 2.0 * out.numel() * a.shape[-1]
+    return 0.0
 
+
+class _FlopCounter(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.flops = 0.0
@@ -80,15 +93,7 @@ class _FlopCounter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in (F.conv1d, F.conv2d, torch.conv2d, torch.conv1d):
-            w = args[1] if len(args) > 1 else kwargs["weight"]
-            self.flops += 2.0 * out.numel() * w[0].numel()
-        elif func is F.linear:
-            w = args[1] if len(args) > 1 else kwargs["weight"]
-            self.flops += 2.0 * out.numel() * w.shape[-1]
-        elif func in _MATMULS:
-            a = args[1] if func in (torch.addmm, torch.baddbmm) else args[0]
-            self.flops += 2.0 * out.numel() * a.shape[-1]
+        self.flops += _op_flops(func, args, kwargs, out)
         return out
 
 
@@ -108,9 +113,11 @@ class _WorkingSet(TorchFunctionMode):
     def __init__(self, inputs, excluded_ptrs: set[int]):
         super().__init__()
         self.excluded = excluded_ptrs
+        self.flops = 0.0
         self.refs: dict[int, int] = {}
         self.size: dict[int, int] = {}
         self.live = self.peak = 0
+        self._watch: list = []
         for t in inputs:
             self._track(t)
 
@@ -127,7 +134,9 @@ class _WorkingSet(TorchFunctionMode):
             self.live += storage.nbytes()
             self.peak = max(self.peak, self.live)
         self.refs[ptr] += 1
-        weakref.finalize(t, self._release, ptr)
+        # a plain weak reference with a callback is several times cheaper than weakref.finalize; it fires
+        # only while the reference itself lives, so the set holds them for the layer's run
+        self._watch.append(weakref.ref(t, lambda _, ptr=ptr: self._release(ptr)))
 
     def _release(self, ptr: int) -> None:
         self.refs[ptr] -= 1
@@ -136,7 +145,9 @@ class _WorkingSet(TorchFunctionMode):
             self.live -= self.size.pop(ptr)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.flops += _op_flops(func, args, kwargs, out)
         for t in out if isinstance(out, (tuple, list)) else (out,):
             self._track(t)
         return out
@@ -183,12 +194,12 @@ def _saved_pass(model, batch: int, weight_ptrs: set[int]):
             saved.owner = i
             working = _WorkingSet(_tensors(state), weight_ptrs)
             with working:
-                state, flops = _flops(lambda: layer(state))
+                state = layer(state)
             params, param_bytes, buffer_bytes, _ = _weights(layer)
             outs = _tensors(state)
             rows.append(dict(kind=type(layer).__name__, params=params, param_bytes=param_bytes,
                              buffer_bytes=buffer_bytes, output_shape=tuple(outs[0].shape[1:]),
-                             output_bytes=sum(_nbytes(t) for t in outs), forward_flops=flops,
+                             output_bytes=sum(_nbytes(t) for t in outs), forward_flops=working.flops,
                              out_ptrs={t.untyped_storage().data_ptr() for t in outs}, working=working.peak))
         _loss(state)  # what the loss keeps (log-probabilities, targets) belongs to the last layer
     act = [0] * len(rows)

@@ -58,10 +58,15 @@ class SLT(Strategy):
         return None if i is None else widths[i]
 
     def pace(self, ctx: PlanContext, n: int, cap: float) -> Optional[float]:
-        """s_n: the largest width every group able to run step n can afford (the tightest sets it)."""
-        found = [self.max_width(ctx, n, cap, g) for g in ctx.fleet.groups]
-        found = [s for s in found if s is not None]
-        return min(found) if found else None
+        """s_n: the largest width every group able to run step n can afford (the tightest sets it). Each
+        group searches only below the smallest width found so far: one that affords it cannot lower the
+        minimum, so it costs a single probe (each probe of a new width profiles the model once)."""
+        best = None
+        for g in sorted(ctx.fleet.groups, key=lambda g: g.memory_budget_bytes):
+            s = self.max_width(ctx, n, cap if best is None else best, g)
+            if s is not None:
+                best = s
+        return best
 
     def plan(self, ctx: PlanContext):
         K = ctx.num_layers
