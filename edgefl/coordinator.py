@@ -13,13 +13,14 @@ from __future__ import annotations
 import random
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.plan import Plan, violations
+from edgefl.runstate import RunState
 from edgefl.strategies.base import Strategy
 from edgefl.transport import Transport
 
@@ -42,6 +43,8 @@ class ServerModel(Protocol):
     def aggregate(self, contributions: list, mode: str) -> None: ...
     def evaluate(self) -> dict: ...
     def evaluate_groups(self) -> dict[str, float]: ...
+    def snapshot(self) -> dict: ...                 # global tensors as numpy arrays (for checkpoints)
+    def restore(self, tensors: Mapping[str, object]) -> None: ...
 
 
 @dataclass
@@ -53,6 +56,7 @@ class RoundRecord:
     rejected: dict[str, str] = field(default_factory=dict)    # device -> why its report was dropped
     failed: dict[str, str] = field(default_factory=dict)      # device -> why it failed the round (e.g. out of memory)
     predicted_peak_bytes: dict[str, int] = field(default_factory=dict)
+    measured_peak_bytes: dict[str, int] = field(default_factory=dict)   # peak RSS the device measured
     measured_activation_bytes: dict[str, int] = field(default_factory=dict)
     upload_bytes: int = 0
     download_bytes: int = 0
@@ -64,6 +68,8 @@ class RoundRecord:
     group_accuracy: dict[str, float] = field(default_factory=dict)   # global model on each group's local data
     device_metrics: dict[str, dict] = field(default_factory=dict)    # device -> what its trainer reported
     decisions: dict[str, Any] = field(default_factory=dict)          # the strategy's online decisions
+    missing: list[str] = field(default_factory=list)                 # sent an instruction, no report by the deadline
+    aggregated: bool = True                                          # False: below quorum, the model is unchanged
     wall_s: float = 0.0
 
 
@@ -77,6 +83,7 @@ class LoopSettings:
     lr_final: float = 0.005                   # cosine annealing over rounds, as in SLT sec. 3.1
     round_timeout_s: Optional[float] = None
     measure_memory: bool = False              # devices measure kept activations and fail over their memory
+    min_reports: int = 1                      # quorum: fewer accepted reports and the round does not aggregate
 
     def lr_at(self, round: int) -> float:
         import math
@@ -87,11 +94,12 @@ class LoopSettings:
 class Coordinator:
     def __init__(self, fleet: Fleet, plan: Plan, strategy: Strategy, server: ServerModel, transport: Transport,
                  settings: LoopSettings, examples: Callable[[str], int],
-                 on_round: Optional[Callable[[RoundRecord], None]] = None):
+                 on_round: Optional[Callable[[RoundRecord], None]] = None, state: Optional[RunState] = None):
         self.fleet, self.plan, self.strategy = fleet, plan, strategy
         self.server, self.transport, self.settings = server, transport, settings
         self.examples = examples
         self.on_round = on_round
+        self.state = state
         self.group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
         self.devices = sorted(self.group_of)
         self.history: list[RoundRecord] = []
@@ -101,9 +109,24 @@ class Coordinator:
         k = min(self.settings.clients_per_round, len(self.devices))
         return sorted(rng.sample(self.devices, k))
 
-    def run(self, start_round: int = 1) -> list[RoundRecord]:
-        for r in range(start_round, self.settings.rounds + 1):
+    def resume(self) -> int:
+        """Restore the last checkpoint of `state` (global tensors, strategy, history); the next round to run."""
+        saved = self.state.load() if self.state is not None else None
+        if saved is None:
+            return 1
+        last, weights, self.strategy, history = saved
+        self.server.restore(weights)
+        self.history = [record_from_json(d) for d in history]
+        return last + 1
+
+    def run(self, start_round: Optional[int] = None) -> list[RoundRecord]:
+        """Rounds from `start_round` (default: after the last checkpoint, or 1) to settings.rounds; with a
+        state folder each completed round is checkpointed before the next begins."""
+        first = self.resume() if start_round is None else start_round
+        for r in range(first, self.settings.rounds + 1):
             self.history.append(self.round(r))
+            if self.state is not None:
+                self.state.save(r, self.server.snapshot(), self.strategy, [record_to_json(h) for h in self.history])
             if self.on_round:
                 self.on_round(self.history[-1])
         return self.history
@@ -113,6 +136,8 @@ class Coordinator:
         sampled = self.sample(r)
         record = RoundRecord(round=r, sampled={d: self.group_of[d] for d in sampled}, participating={})
         sent: dict[str, tuple[RoundInstruction, object]] = {}
+        # reports a killed coordinator had accepted for this round: their devices are not asked again
+        journaled = {rep.device_id: rep for rep in self.state.journaled(r)} if self.state is not None else {}
         for device in sampled:
             group = self.fleet.group(self.group_of[device])
             step = self.strategy.configure_round(self.plan, r, group.name)
@@ -138,14 +163,20 @@ class Coordinator:
             record.predicted_peak_bytes[device] = step.predicted.peak_memory_bytes
             record.download_saved_bytes += delivery.saved_bytes
             record.flops += step.predicted.flops_per_sample * self.examples(device) * step.config.local_epochs
-            self.transport.send(instruction, delivery.weights)
-        reports = self.transport.collect(r, sent, self.settings.round_timeout_s)
-        contributions, losses = [], []
+            if device not in journaled:
+                self.transport.send(instruction, delivery.weights)
+        waiting = [d for d in sent if d not in journaled]
+        reports = list(journaled.values()) + self.transport.collect(r, waiting, self.settings.round_timeout_s)
+        # aggregation sums in this order: by device, not by arrival, so a run is reproducible over any transport
+        reports.sort(key=lambda rep: rep.device_id)
+        contributions, losses, accepted = [], [], set()
         for report in reports:
             instruction, handle = sent.get(report.device_id, (None, None))
             try:
                 if instruction is None:
                     raise ReportRejected(f"{report.device_id} was not sampled in round {r}")
+                if report.device_id in accepted:
+                    raise ReportRejected(f"{report.device_id}: duplicate report for round {r}")
                 report.check(instruction)
                 if report.activation_bytes is not None:
                     record.measured_activation_bytes[report.device_id] = report.activation_bytes
@@ -154,9 +185,14 @@ class Coordinator:
                     record.download_bytes += report.download_bytes
                     continue
                 contributions.append(self.server.contribution(report, instruction, handle))
+                if self.state is not None and report.device_id not in journaled:
+                    self.state.journal(report)
             except ReportRejected as exc:
-                record.rejected[report.device_id] = str(exc)
+                record.rejected.setdefault(report.device_id, str(exc))
                 continue
+            accepted.add(report.device_id)
+            if report.peak_rss_bytes is not None:
+                record.measured_peak_bytes[report.device_id] = report.peak_rss_bytes
             group = self.group_of[report.device_id]
             record.participating[group] = record.participating.get(group, 0) + 1
             record.upload_bytes += report.upload_bytes
@@ -165,7 +201,10 @@ class Coordinator:
                 record.device_metrics[report.device_id] = report.metrics
             if report.loss_after is not None:
                 losses.append(report.loss_after)
-        if contributions:
+        answered = accepted | set(record.failed) | set(record.rejected)
+        record.missing = sorted(d for d in sent if d not in answered)
+        record.aggregated = len(contributions) >= max(self.settings.min_reports, 1)
+        if record.aggregated:
             self.server.aggregate(contributions, self.strategy.aggregation)
         self.strategy.after_round(r, record, self.server.state)
         record.train_loss = sum(losses) / len(losses) if losses else None
@@ -175,3 +214,16 @@ class Coordinator:
             record.group_accuracy = self.server.evaluate_groups()
         record.wall_s = time.perf_counter() - t0
         return record
+
+
+def record_to_json(record: RoundRecord) -> dict:
+    """A RoundRecord as history.json stores it."""
+    d = asdict(record)
+    d["participating_devices"] = d.pop("participating")
+    return d
+
+
+def record_from_json(d: dict) -> RoundRecord:
+    d = dict(d)
+    d["participating"] = d.pop("participating_devices", d.get("participating", {}))
+    return RoundRecord(**{k: v for k, v in d.items() if k in RoundRecord.__dataclass_fields__})

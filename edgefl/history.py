@@ -2,21 +2,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
-from edgefl.coordinator import RoundRecord
+from edgefl.coordinator import RoundRecord, record_to_json
 
 SCHEMA = "edgefl.history/1"
 
 
 def history_json(records: list[RoundRecord]) -> dict:
-    rounds = []
-    for r in records:
-        d = asdict(r)
-        d["participating_devices"] = d.pop("participating")
-        rounds.append(d)
-    return {"schema": SCHEMA, "rounds": rounds}
+    return {"schema": SCHEMA, "rounds": [record_to_json(r) for r in records]}
 
 
 def write_history(records: list[RoundRecord], path: str | Path) -> None:

@@ -20,16 +20,17 @@ import torch
 from edgefl.coordinator import Coordinator, Delivery, LoopSettings, RoundRecord
 from edgefl.data import Dataset
 from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice, TorchTrainer
-from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.plan import Plan
+from edgefl.runstate import RunState
 from edgefl.strategies.base import Strategy
 from edgefl.submodel import (IndexSets, aggregate, device_model, embed, ensure_aux, entries, extract, index_sets,
                              nested_index)
 from edgefl.toa import toa
 from edgefl.trainconfig import TrainConfig
 from edgefl.transport.memory import InMemoryTransport
+from edgefl.validate import check_tensors, clip_update, expected_of
 from edgefl.zoo import ModelRef, build
 
 
@@ -45,10 +46,18 @@ class TorchServerModel:
     """
 
     def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int,
-                 groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None):
+                 groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None,
+                 clip_norm: Optional[float] = None):
         torch.manual_seed(seed)
         self.ref, self.test, self.trainer, self.groups, self.toa = ref, test, trainer, dict(groups or {}), toa
+        self.clip_norm = clip_norm
         self.state = {k: v.detach().clone() for k, v in build(ref).state_dict().items()}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state.items()}
+
+    def restore(self, tensors: Mapping[str, np.ndarray]) -> None:
+        self.state = {k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}
 
     @staticmethod
     def parts(instruction: RoundInstruction) -> list[TrainConfig]:
@@ -72,20 +81,33 @@ class TorchServerModel:
             sliced = extract(self.state, self.ref, config, indices)
             delivery.weights.update({e.key: sliced[e.device_key] for e in entries(self.ref, config)})
             delivery.handle.append((config, indices))
+        trained = {e.key for config, _ in delivery.handle for e in entries(self.ref, config)
+                   if e.layer >= config.frozen_prefix}
+        # what the device must upload, as sent: the report is checked against it before anything is placed
+        delivery.handle = (delivery.handle, expected_of(delivery.weights, sorted(trained)))
         return delivery
 
     def contribution(self, report: DeviceReport, instruction: RoundInstruction, handle):
-        placed, mask, used = {}, {}, set()
-        for config, indices in handle:
+        parts, expected = handle
+        check_tensors(report.device_id, report.tensors, expected)
+        tensors = {k: torch.as_tensor(v) for k, v in report.tensors.items()}
+        if self.clip_norm is not None:
+            tensors, _ = clip_update(self._sent(parts), tensors, self.clip_norm)
+        placed, mask = {}, {}
+        for config, indices in parts:
             trained = [e for e in entries(self.ref, config) if e.layer >= config.frozen_prefix]
-            update = {e.device_key: report.tensors[e.key] for e in trained if e.key in report.tensors}
-            p, m = embed(self.state, update, self.ref, config, indices)
+            p, m = embed(self.state, {e.device_key: tensors[e.key] for e in trained}, self.ref, config, indices)
             placed.update(p)
             mask.update(m)
-            used |= {e.key for e in trained}
-        if extra := sorted(report.tensors.keys() - used):
-            raise ReportRejected(f"{report.device_id}: uploaded tensors it was not asked to train: {extra[:3]}")
         return report.examples, placed, mask
+
+    def _sent(self, parts) -> dict[str, torch.Tensor]:
+        """The tensors as the device received them (its slices of the current global tensors)."""
+        sent = {}
+        for config, indices in parts:
+            sliced = extract(self.state, self.ref, config, indices)
+            sent.update({e.key: sliced[e.device_key] for e in entries(self.ref, config)})
+        return sent
 
     def aggregate(self, contributions: list, mode: str) -> None:
         self.state = aggregate(self.state, contributions, mode)
@@ -137,11 +159,13 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
             shares: list[np.ndarray], settings: LoopSettings, device: str = "cpu",
             on_round: Optional[Callable[[RoundRecord], None]] = None, *, toa: Optional[float] = None,
             device_memory: Optional[Mapping[str, int]] = None, group_eval_examples: int = 256,
+            state: Optional[RunState] = None, clip_norm: Optional[float] = None,
             ) -> tuple[list[RoundRecord], TorchServerModel]:
     """Run `settings.rounds` rounds. `shares[i]` are the training-example indices of the i-th device in
     sorted device order. `toa`: FedOLF TOA scale for frozen-prefix downloads. `device_memory`: the memory
     a device really has where it differs from its group's budget (what `settings.measure_memory` checks
-    against). `group_eval_examples`: per group, local examples the per-group accuracy is measured on."""
+    against). `group_eval_examples`: per group, local examples the per-group accuracy is measured on.
+    `state`: checkpoint every round there and resume from it. `clip_norm`: bound each update's L2 norm."""
     devices = sorted(d for g in fleet.groups for d in g.device_ids)
     if len(shares) != len(devices):
         raise ValueError(f"{len(shares)} data shares for {len(devices)} devices")
@@ -155,7 +179,7 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
         return EmulatedDevice(device_id, trainer, train.x[idx], train.y[idx], memory_bytes=budget[device_id])
 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
-    server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa)
+    server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm)
     coordinator = Coordinator(fleet, plan, strategy, server, InMemoryTransport(make_device), settings,
-                              examples=lambda d: len(share_of[d]), on_round=on_round)
+                              examples=lambda d: len(share_of[d]), on_round=on_round, state=state)
     return coordinator.run(), server
