@@ -10,6 +10,9 @@ import sys
 
 import psutil
 
+from edgefl.device_runtime import run_cmd, train_cmd
+from edgefl.errors import EdgeflError
+
 RUNTIME_MODULES = {"ort": "onnxruntime", "executorch": "executorch", "torch": "torch"}
 
 
@@ -32,7 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what this device offers: memory, cores, installed runtimes")
     info.add_argument("--format", choices=("table", "json"), default="table")
-    args = parser.parse_args(argv)
+    train_cmd.add_parser(sub)
+    run_cmd.add_parser(sub)
+    args = parser.parse_args(run_cmd.main_argv(sys.argv[1:] if argv is None else argv))
+    if args.command in ("train", "run"):
+        try:
+            return (train_cmd if args.command == "train" else run_cmd).run(args)
+        except EdgeflError as exc:
+            print(f"edgefl-device: error: {exc}", file=sys.stderr)
+            return 2
     facts = device_info()
     if args.format == "json":
         print(json.dumps(facts, indent=2))

@@ -26,6 +26,10 @@ class RuntimeConstants:
     workspace_fixed_bytes: int
     workspace_factor: float
     source: str
+    # samples the runtime pushes through the frozen prefix at once (0: the whole batch). The prefix is
+    # inference, its rows independent: a device running it in such chunks holds one chunk's working set
+    # (edgefl.cost.step_peak_bytes). Exported artifacts tell the device (manifest `prefix_batch`).
+    prefix_batch: int = 0
 
 
 DEFAULTS: dict[str, RuntimeConstants] = {
@@ -38,8 +42,17 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # growth is up to ~2x these predictions: see bench/results/memory_model.json, default_allocator.
     "torch": RuntimeConstants(228_450_304, 101_059_889, 1.06,
                               "measured import RSS; workspace fitted on measured peaks (bench/memory_model.py)"),
-    # onnxruntime-training-cpu 1.19.2 imported through the torch-free shim, session opened
-    "ort": RuntimeConstants(52 * MiB, 8 * MiB, 2.0, "measured import RSS; workspace estimate, unmeasured"),
+    # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim, no torch, no onnx).
+    # baseline_bytes: RSS of a fresh process after importing it and opening one session
+    # (bench/artifact_memory.py writes it as ort_constants.baseline_bytes). workspace: least-squares fit
+    # (relative error of the peak) on 10 measured peaks of exported ResNet-20 and transformer-LM sets, 20
+    # steps at batch 32, frozen prefix 0 / middle / all-but-head x head width 0.25 / 1 (2026-11, x86_64,
+    # one thread, glibc's mmap threshold fixed at 128 KiB): worst error 15.5% (26% with the estimate it
+    # replaces); fitted on one model alone, 23-35% on the other. prefix_batch: the ORT trainer runs the
+    # frozen prefix 4 samples at a time (edgefl.device_runtime.trainers.ort_trainer).
+    "ort": RuntimeConstants(51_855_360, 15_662_499, 1.76,
+                            "measured import + session RSS; workspace fitted on peaks (bench/artifact_memory.py)",
+                            prefix_batch=4),
     # executorch 1.5.1 pybindings (they import torch)
     "executorch": RuntimeConstants(356 * MiB, 8 * MiB, 2.0, "measured import RSS; workspace estimate, unmeasured"),
 }

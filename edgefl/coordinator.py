@@ -14,7 +14,7 @@ import random
 import time
 import zlib
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
@@ -28,11 +28,13 @@ from edgefl.transport import Transport
 @dataclass
 class Delivery:
     """What the server sends for one instruction: the weights, what `contribution` needs back (index
-    sets), trainer options it adds (the widths of a TOA-shrunk prefix) and download bytes it spared."""
+    sets), trainer options it adds (the widths of a TOA-shrunk prefix), download bytes it spared, and the
+    ids of artifacts shipped ahead of the instruction, by role (deployment: the device's artifact set)."""
     weights: dict
     handle: object = None
     options: dict = field(default_factory=dict)
     saved_bytes: int = 0
+    artifacts: dict = field(default_factory=dict)
 
 
 class ServerModel(Protocol):
@@ -94,12 +96,14 @@ class LoopSettings:
 class Coordinator:
     def __init__(self, fleet: Fleet, plan: Plan, strategy: Strategy, server: ServerModel, transport: Transport,
                  settings: LoopSettings, examples: Callable[[str], int],
-                 on_round: Optional[Callable[[RoundRecord], None]] = None, state: Optional[RunState] = None):
+                 on_round: Optional[Callable[[RoundRecord], None]] = None, state: Optional[RunState] = None,
+                 online: Optional[Callable[[], Iterable[str]]] = None):
         self.fleet, self.plan, self.strategy = fleet, plan, strategy
         self.server, self.transport, self.settings = server, transport, settings
         self.examples = examples
         self.on_round = on_round
         self.state = state
+        self.online = online      # devices reachable now (deployment); None: all of them (emulation)
         self.group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
         self.devices = sorted(self.group_of)
         self.history: list[RoundRecord] = []
@@ -138,7 +142,11 @@ class Coordinator:
         sent: dict[str, tuple[RoundInstruction, object]] = {}
         # reports a killed coordinator had accepted for this round: their devices are not asked again
         journaled = {rep.device_id: rep for rep in self.state.journaled(r)} if self.state is not None else {}
+        reachable = set(self.online()) if self.online is not None else None
         for device in sampled:
+            if reachable is not None and device not in reachable and device not in journaled:
+                record.skipped[device] = "offline"
+                continue
             group = self.fleet.group(self.group_of[device])
             step = self.strategy.configure_round(self.plan, r, group.name)
             if step is None:
@@ -164,7 +172,7 @@ class Coordinator:
             record.download_saved_bytes += delivery.saved_bytes
             record.flops += step.predicted.flops_per_sample * self.examples(device) * step.config.local_epochs
             if device not in journaled:
-                self.transport.send(instruction, delivery.weights)
+                self.transport.send(instruction, delivery.weights, delivery.artifacts or None)
         waiting = [d for d in sent if d not in journaled]
         reports = list(journaled.values()) + self.transport.collect(r, waiting, self.settings.round_timeout_s)
         # aggregation sums in this order: by device, not by arrival, so a run is reproducible over any transport

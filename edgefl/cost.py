@@ -19,14 +19,28 @@ All byte counts are float32 unless the profile says otherwise; FLOPs count conv 
 (multiply-add = 2 FLOPs) per sample: frozen layers forward only, trained layers forward + backward
 (backward = 2x forward: weight and input gradients; the first trained module has no input gradient).
 Upload = the trained tensors (parameters and their buffers); download = every tensor the device runs.
+
+What the method extensions of a TrainConfig add (edgefl.trainconfig):
+* `rank` r (per linear P x Q of a hidden trained layer, `rows` positions per sample; `low_rank_layer`):
+  LoRA (Hu et al. 2021, h = W x + B A x with B in R^{P x r}, A in R^{r x Q}; Heterogeneous LoRA as in CAFF
+  App. B): W and its bias stay frozen (weights, not gradients), r(P + Q) adapter parameters train, each
+  adapter keeps its rank-r intermediate (rows * r values per sample) on top of the activations full
+  training keeps (its input is kept either way: CAFF App. A, LoRA does not lower activation memory), and
+  the backward pass still runs through W (input gradients) but makes no weight gradient for it. FedHM
+  (CAFF App. B: W ~ (U diag(S)) V^T, two linears P x z and z x Q that both train): P Q parameters become
+  z(P + Q), the rank-z intermediate is kept, forward FLOPs 2 rows P Q become 2 rows z(P + Q).
+* `exits` (DepthFL): one linear exit head per boundary, priced like the auxiliary head at the end.
+* `copies` M (m-FeDepth): the trained part (weights, gradients, optimizer state, kept activations, working
+  set, forward + backward FLOPs) M times, the frozen prefix once; each copy's KL term to each peer keeps
+  its log-probabilities and the peer's probabilities (2 logits-sized tensors); upload is copy 1.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Optional
+from dataclasses import asdict, dataclass, replace
+from typing import Optional, Sequence
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants
-from edgefl.profile import AuxProfile, ModelProfile
+from edgefl.profile import AuxProfile, LayerProfile, ModelProfile
 from edgefl.trainconfig import OPTIMIZER_STATE_SLOTS, TrainConfig
 
 
@@ -57,29 +71,72 @@ class Cost:
         return {**asdict(self), "training_bytes": self.training_bytes, "peak_memory_bytes": self.peak_memory_bytes}
 
 
-def activation_bytes_per_sample(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile]) -> int:
-    """Bytes autograd keeps per sample for the trained layers (and the auxiliary head)."""
+def low_rank_layer(layer: LayerProfile, mode: str, rank: int) -> tuple[LayerProfile, int, float]:
+    """The layer as a device training its linear weights at `rank` runs it (module doc), with its
+    parameters counted as the ones that train; plus the parameter bytes it keeps frozen (LoRA's base
+    weights and biases) and the forward FLOPs of those frozen weights (they get no weight gradient)."""
+    elem = layer.param_bytes // layer.params if layer.params else 4
+    full = sum(p * q for p, q, _, _ in layer.linears)
+    biases = sum(p for p, _, _, bias in layer.linears if bias)
+    low = sum(rank * (p + q) for p, q, _, _ in layer.linears)
+    kept = elem * sum(rows * rank for _, _, rows, _ in layer.linears)
+    full_flops = sum(2.0 * rows * p * q for p, q, rows, _ in layer.linears)
+    low_flops = sum(2.0 * rows * rank * (p + q) for p, q, rows, _ in layer.linears)
+    if mode == "lora":
+        params = layer.params - full - biases + low
+        return (replace(layer, params=params, param_bytes=elem * params, activation_bytes=layer.activation_bytes + kept,
+                        forward_flops=layer.forward_flops + low_flops), elem * (full + biases), full_flops)
+    if mode == "factor":
+        params = layer.params - full + low
+        return (replace(layer, params=params, param_bytes=elem * params, activation_bytes=layer.activation_bytes + kept,
+                        forward_flops=layer.forward_flops - full_flops + low_flops), 0, 0.0)
+    raise ValueError(f"unknown rank_mode {mode!r}")
+
+
+def low_rank_view(profile: ModelProfile, config: TrainConfig) -> tuple[ModelProfile, list[int], list[float]]:
+    """(the profile as the device runs it, per layer frozen parameter bytes inside a trained layer, per layer
+    forward FLOPs without weight gradient); the profile itself and zeros without a rank."""
+    frozen_bytes, frozen_flops = [0] * profile.num_layers, [0.0] * profile.num_layers
+    if config.rank is None:
+        return profile, frozen_bytes, frozen_flops
+    layers = list(profile.layers)
+    for i in config.rank_layers:
+        layers[i], frozen_bytes[i], frozen_flops[i] = low_rank_layer(layers[i], config.rank_mode, config.rank)
+    return replace(profile, layers=tuple(layers)), frozen_bytes, frozen_flops
+
+
+def _head_kept(layers, a: int, head: AuxProfile) -> int:
+    """Per sample, what a head reading boundary `head.boundary` keeps: its own storages, and its input
+    unless the layer before (trained) already keeps its own output."""
+    b = head.boundary
+    saved_before = b - 1 >= a and layers[b - 1].output_saved_bytes
+    return head.activation_bytes + (0 if saved_before else head.input_saved_bytes)
+
+
+def activation_bytes_per_sample(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile],
+                                exits: Sequence[AuxProfile] = ()) -> int:
+    """Bytes autograd keeps per sample for the trained layers (and the auxiliary head, and exits)."""
     a, b, layers = config.frozen_prefix, config.end, profile.layers
     total = sum(layers[i].activation_bytes for i in range(a, b))
     last_trained = b - 1 >= a
     if b < len(layers) and last_trained:
         total += layers[b - 1].carried_bytes  # what layer b would have kept is now kept for the head
     if aux is not None:
-        total += aux.activation_bytes
-        if not (last_trained and layers[b - 1].output_saved_bytes):
-            total += aux.input_saved_bytes
-    return total
+        total += _head_kept(layers, a, aux)
+    return total + sum(_head_kept(layers, a, e) for e in exits)
 
 
-def activation_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile]) -> int:
+def activation_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile],
+                     exits: Sequence[AuxProfile] = ()) -> int:
     """Bytes autograd keeps for one batch: per-sample bytes times the batch, plus what the trained layers
     keep once per batch whatever its size (BN's per-channel statistics, the loss's total weight)."""
     fixed = sum(profile.layers[i].activation_fixed_bytes for i in config.trained_layers)
-    fixed += aux.activation_fixed_bytes if aux is not None else 0
-    return config.batch_size * activation_bytes_per_sample(profile, config, aux) + fixed
+    fixed += sum(h.activation_fixed_bytes for h in ([aux] if aux is not None else []) + list(exits))
+    return config.batch_size * activation_bytes_per_sample(profile, config, aux, exits) + fixed
 
 
-def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile] = None) -> int:
+def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[AuxProfile] = None,
+                    exits: Sequence[AuxProfile] = (), prefix_batch: int = 0) -> int:
     """Most bytes one training step has allocated at once beyond the weights, the optimizer state and the
     input batch, on a timeline of the step (B = batch size, kept(i) = what trained layer i keeps):
 
@@ -90,17 +147,26 @@ def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[Au
       optimizer step:       every gradient
 
     Activations and gradients never peak together in full: backward frees a layer's activations as
-    it makes its gradients."""
+    it makes its gradients. An exit's kept storages are alive from its boundary on, its gradients from the
+    start of backward. With `prefix_batch` P (0: B), a frozen layer runs P samples at a time: its forward
+    holds P * forward_peak(i) plus the boundary state of the batch's other samples, (B - P) * output(a-1)."""
     B, a, b, layers = config.batch_size, config.frozen_prefix, config.end, profile.layers
+    P = min(prefix_batch or B, B)
     kept = [B * l.activation_bytes + l.activation_fixed_bytes for l in layers[:b]]
+    for e in exits:
+        kept[e.boundary - 1] += B * _head_kept(layers, a, e) + e.activation_fixed_bytes
     ins = [profile.input_bytes] + [l.output_bytes for l in layers[: b - 1]]
-    peak = activation_bytes(profile, config, aux)
+    peak = activation_bytes(profile, config, aux, exits)
     alive = 0
     for i in range(b):
-        peak = max(peak, alive + B * layers[i].forward_peak_bytes)
+        if i < a:   # one prefix chunk's working set, the boundary state of the batch's other samples
+            working = P * layers[i].forward_peak_bytes + (B - P) * layers[a - 1].output_bytes
+        else:
+            working = B * layers[i].forward_peak_bytes
+        peak = max(peak, alive + working)
         if i >= a:
             alive += kept[i]
-    grads = aux.param_bytes if aux is not None else 0
+    grads = (aux.param_bytes if aux is not None else 0) + sum(e.param_bytes for e in exits)
     for i in reversed(range(a, b)):
         grads += layers[i].param_bytes
         peak = max(peak, alive + grads + B * (ins[i] + layers[i].output_bytes))
@@ -109,42 +175,50 @@ def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[Au
 
 
 def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
-         aux: Optional[AuxProfile] = None, constants: Optional[RuntimeConstants] = None) -> Cost:
+         aux: Optional[AuxProfile] = None, constants: Optional[RuntimeConstants] = None,
+         exits: Sequence[AuxProfile] = ()) -> Cost:
+    """`aux`: the profile of the config's auxiliary head; `exits`: one 'linear' head profile per entry of
+    `config.exits`, in order."""
     if config.num_layers != profile.num_layers:
         raise ValueError(f"config has {config.num_layers} layers, profile {profile.num_layers}")
     if (config.aux_head is None) != (aux is None):
         raise ValueError("pass the aux profile exactly when the config has an auxiliary head")
+    if tuple(e.boundary for e in exits) != config.exits:
+        raise ValueError(f"pass one exit profile per boundary in {config.exits}")
     k = constants or DEFAULTS[runtime]
-    a, b, layers, B = config.frozen_prefix, config.end, profile.layers, config.batch_size
-    frozen = layers[:a]
+    profile, frozen_part, frozen_flops = low_rank_view(profile, config)
+    a, b, layers, B, M = config.frozen_prefix, config.end, profile.layers, config.batch_size, config.copies
+    heads = ([aux] if aux is not None else []) + list(exits)
     trained = layers[a:b]
-    aux_param = aux.param_bytes if aux else 0
-    aux_buffer = aux.buffer_bytes if aux else 0
-    trained_param_bytes = sum(l.param_bytes for l in trained) + aux_param
-    trained_buffer_bytes = sum(l.buffer_bytes for l in trained) + aux_buffer
-    frozen_bytes = sum(l.param_bytes + l.buffer_bytes for l in frozen)
+    trained_param_bytes = sum(l.param_bytes for l in trained) + sum(h.param_bytes for h in heads)
+    trained_buffer_bytes = sum(l.buffer_bytes for l in trained) + sum(h.buffer_bytes for h in heads)
+    frozen_bytes = sum(l.param_bytes + l.buffer_bytes for l in layers[:a]) + sum(frozen_part[a:b])
 
     # what the step allocates beyond kept activations and gradients (working sets, the gradients in flight;
     # less than nothing where activations and gradients do not peak together: clamped at zero), plus what
     # the first step allocates once and the input batch
-    acts = activation_bytes(profile, config, aux)
-    peak = int(k.workspace_factor * step_peak_bytes(profile, config, aux))
-    workspace = k.workspace_fixed_bytes + B * profile.input_bytes + max(0, peak - acts - trained_param_bytes)
+    acts = activation_bytes(profile, config, aux, exits)
+    peak = int(k.workspace_factor * step_peak_bytes(profile, config, aux, exits, k.prefix_batch))
+    workspace = k.workspace_fixed_bytes + B * profile.input_bytes + M * max(0, peak - acts - trained_param_bytes)
+    if M > 1:
+        acts = M * acts + M * (M - 1) * 2 * B * profile.layers[-1].output_bytes
 
-    fwd = [l.forward_flops for l in layers[:b]] + ([aux.forward_flops] if aux else [])
+    # trained layers and heads: forward, weight gradients (none for frozen weights), input gradients (none
+    # for the first trained module)
+    fwd = [l.forward_flops for l in layers[:b]] + [h.forward_flops for h in heads]
     trained_fwd = fwd[a:]
-    flops = sum(fwd) + 2 * sum(trained_fwd) - (trained_fwd[0] if trained_fwd else 0)
+    train_flops = 3 * sum(trained_fwd) - sum(frozen_flops[a:b]) - (trained_fwd[0] if trained_fwd else 0)
 
     return Cost(
         runtime_baseline_bytes=k.baseline_bytes,
         weights_frozen_bytes=frozen_bytes,
-        weights_trained_bytes=trained_param_bytes + trained_buffer_bytes,
-        gradient_bytes=trained_param_bytes,
-        optimizer_bytes=OPTIMIZER_STATE_SLOTS[config.optimizer] * trained_param_bytes,
+        weights_trained_bytes=M * (trained_param_bytes + trained_buffer_bytes),
+        gradient_bytes=M * trained_param_bytes,
+        optimizer_bytes=OPTIMIZER_STATE_SLOTS[config.optimizer] * M * trained_param_bytes,
         activation_bytes=acts,
         workspace_bytes=workspace,
-        flops_per_sample=flops,
+        flops_per_sample=sum(fwd[:a]) + M * train_flops,
         upload_bytes=trained_param_bytes + trained_buffer_bytes,
         download_bytes=frozen_bytes + trained_param_bytes + trained_buffer_bytes,
-        trained_params=sum(l.params for l in trained) + (aux.params if aux else 0),
+        trained_params=sum(l.params for l in trained) + sum(h.params for h in heads),
     )

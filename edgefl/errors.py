@@ -3,7 +3,11 @@ anything else is a bug and keeps its traceback."""
 
 
 class EdgeflError(Exception):
-    """Base of every error the user can cause or fix."""
+    """Base of every error the user can cause or fix. Its message stays one line whatever user text it
+    quotes: a newline or other control character (in a YAML key, say) is shown escaped."""
+
+    def __str__(self) -> str:
+        return "".join(c if c.isprintable() else repr(c)[1:-1] for c in super().__str__())
 
 
 class ConfigError(EdgeflError):

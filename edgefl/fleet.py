@@ -27,6 +27,8 @@ from edgefl.units import parse_bytes, parse_flops
 
 Runtime = Literal["ort", "executorch", "torch"]
 _SIZE_EXAMPLE = {"memory_budget": "180MiB", "upload_budget": "2MB", "flops_budget": "50GFLOP"}
+# every device gets a name in memory: a mistyped count (4000000000) must fail, not hang the loader
+MAX_DEVICES = 1_000_000
 
 
 class _Strict(BaseModel):
@@ -122,6 +124,8 @@ def load_fleet(path: str | Path) -> Fleet:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the fleet file ({exc.strerror}); check the --devices path") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: byte {exc.start} is not UTF-8 text; save the fleet file as UTF-8") from None
     return parse_fleet(text, str(path))
 
 
@@ -222,6 +226,9 @@ def _resolve(body: FleetBody, where: str) -> Fleet:
                               "(count: N generates the device names, ids: [...] lists them)")
         if g.count is None and g.ids is None:
             raise ConfigError(f"{at}.count: missing; give count: N or ids: [device names] (exactly one of them)")
+        if g.count is not None and len(seen) + g.count > MAX_DEVICES:
+            raise ConfigError(f"{at}.count: {g.count} devices take the fleet past {MAX_DEVICES}, the most edgefl "
+                              "expands into device names; check the number, or split the fleet")
         if g.memory_budget is None and g.profile is None:
             raise ConfigError(f"{at}.memory_budget: missing; give a memory_budget (e.g. 180MiB) "
                               "or a profile that supplies one (see hardware/profiles/)")

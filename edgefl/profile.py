@@ -13,7 +13,7 @@ from typing import Optional
 
 from edgefl.zoo import ModelRef
 
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class LayerProfile:
     output_saved_bytes: int   # per sample: bytes of this layer's own output that it keeps
     activation_fixed_bytes: int = 0  # per batch, whatever its size: kept storages that do not grow with it
     forward_peak_bytes: int = 0  # per sample: most bytes alive at once in its forward, input state included
+    # (out_features, in_features, rows per sample, has bias) of each nn.Linear the layer runs: what low-rank
+    # training (LoRA adapters, FedHM factors) changes (edgefl.cost)
+    linears: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,9 @@ class ModelProfile:
         return cls(model=ModelRef.from_json(d["model"]), widths=tuple(d["widths"]),
                    input_shape=tuple(d["input_shape"]), input_bytes=d["input_bytes"],
                    num_classes=d["num_classes"], cut_points=tuple(d["cut_points"]), stages=tuple(d["stages"]),
-                   layers=tuple(LayerProfile(**{**l, "output_shape": tuple(l["output_shape"])}) for l in d["layers"]))
+                   layers=tuple(LayerProfile(**{**l, "output_shape": tuple(l["output_shape"]),
+                                                "linears": tuple(tuple(x) for x in l.get("linears", ()))})
+                                for l in d["layers"]))
 
 
 def cache_dir() -> Path:

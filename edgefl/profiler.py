@@ -183,6 +183,18 @@ def profile_aux(ref: ModelRef, widths, boundary: int, kind: str) -> AuxProfile:
         return _profile_aux(ref, widths, boundary, kind)
 
 
+def _linears(layer: torch.nn.Module, batch: int):
+    """Forward hooks recording (out_features, in_features, rows per sample, has bias) of each nn.Linear the
+    layer runs, in call order; returns (records, hook handles)."""
+    seen: dict[int, tuple] = {}
+
+    def hook(module, inputs, output):
+        seen[id(module)] = (module.out_features, module.in_features, output.numel() // (batch * module.out_features),
+                            module.bias is not None)
+    handles = [m.register_forward_hook(hook) for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    return seen, handles
+
+
 def _saved_pass(model, batch: int, weight_ptrs: set[int]):
     """One training forward (and loss) at `batch`, layer by layer: per layer its description and the bytes
     of kept storages attributed as the module doc says (act, carried, out_saved)."""
@@ -193,14 +205,18 @@ def _saved_pass(model, batch: int, weight_ptrs: set[int]):
         for i, layer in enumerate(model.layers):
             saved.owner = i
             working = _WorkingSet(_tensors(state), weight_ptrs)
+            linears, handles = _linears(layer, batch)
             with working:
                 state = layer(state)
+            for h in handles:
+                h.remove()
             params, param_bytes, buffer_bytes, _ = _weights(layer)
             outs = _tensors(state)
             rows.append(dict(kind=type(layer).__name__, params=params, param_bytes=param_bytes,
                              buffer_bytes=buffer_bytes, output_shape=tuple(outs[0].shape[1:]),
                              output_bytes=sum(_nbytes(t) for t in outs), forward_flops=working.flops,
-                             out_ptrs={t.untyped_storage().data_ptr() for t in outs}, working=working.peak))
+                             out_ptrs={t.untyped_storage().data_ptr() for t in outs}, working=working.peak,
+                             linears=tuple(linears.values())))
         _loss(state)  # what the loss keeps (log-probabilities, targets) belongs to the last layer
     act = [0] * len(rows)
     carried = [0] * len(rows)

@@ -9,18 +9,22 @@ global-shaped tensors with a mask of the entries they cover, and `aggregate` com
 
 Auxiliary heads live in the global state as 'aux.<boundary>.<kind>.<name>' (one per boundary and kind) and
 on the device as 'aux.<name>'; a head the global state lacks starts from a seeded init (`ensure_aux`).
+A config with a rank trains its linears at low rank (edgefl.lowrank): its device tensors that are not
+slices of a global tensor name the global tensor they come from (`Entry.source`, `Entry.part`), and LoRA's
+frozen base weights inside trained layers are marked `frozen` (sent, never uploaded).
 """
 from __future__ import annotations
 
 import random
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterable, Literal, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
+from edgefl import lowrank
 from edgefl.errors import ConfigError, ReportRejected
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
@@ -59,10 +63,13 @@ class IndexSets:
 
 @dataclass(frozen=True)
 class Entry:
-    key: str                            # global state key
+    key: str                            # global state key (the wire name: for low-rank tensors, the device key)
     device_key: str
     layer: int                          # layer holding the tensor; config.end for the auxiliary head
     dims: tuple[Optional[Dim], ...]
+    source: Optional[str] = None        # low-rank tensors: the global tensor it is derived from
+    part: Optional[str] = None          # ... and how (edgefl.lowrank.device_tensors)
+    frozen: bool = False                # inside a trained layer but never trained (LoRA's base weight, bias)
 
 
 @lru_cache(maxsize=8)
@@ -93,7 +100,22 @@ def entries(ref: ModelRef, config: TrainConfig) -> tuple[Entry, ...]:
     if config.aux_head is not None:
         dims, _ = _aux(ref, config.end, config.aux_head)
         out += [Entry(aux_prefix(config) + k, "aux." + k, config.end, d) for k, d in dims.items()]
-    return tuple(out)
+    return tuple(_low_rank_entries(ref, config, out)) if config.rank is not None else tuple(out)
+
+
+def _low_rank_entries(ref: ModelRef, config: TrainConfig, out: list[Entry]) -> list[Entry]:
+    """LoRA: the base weight comes from its '.base' copy and stays frozen with the bias, the adapters are
+    added; FedHM: the weight is replaced by its two factors."""
+    by_key = {e.key: e for e in out}
+    for layer, path, linear in lowrank.adapted(_global(ref)[0], config):
+        weight = by_key[f"{path}.weight"]
+        if config.rank_mode == "lora" and linear.bias is not None:
+            by_key[f"{path}.bias"] = replace(by_key[f"{path}.bias"], frozen=True)
+        del by_key[weight.key]
+        for device_key, source, part in lowrank.device_tensors(path, linear, config):
+            by_key[device_key] = Entry(device_key, device_key, layer, weight.dims if part == "base" else (None, None),
+                                       source=source, part=part, frozen=part == "base")
+    return list(by_key.values())
 
 
 def _select(mode: str, size: int, keep: int, round: int, seed: str) -> tuple[int, ...]:
@@ -130,21 +152,25 @@ def index_sets(ref: ModelRef, config: TrainConfig, round: int = 0, device_seed: 
 
 
 def device_model(ref: ModelRef, config: TrainConfig, indices: IndexSets) -> nn.Module:
-    """The model the device runs: layers [0, end) at `indices.widths`, the auxiliary head as `aux`."""
+    """The model the device runs: layers [0, end) at `indices.widths`, the auxiliary head as `aux`, the rank
+    layers' linears at low rank."""
     model = build(ref, indices.widths)
     if config.aux_head is not None:
         model.aux = model.aux_head(config.end, config.aux_head)
     model.layers = nn.ModuleList(list(model.layers)[: config.end])
-    return model
+    return lowrank.convert(model, config) if config.rank is not None else model
 
 
 def ensure_aux(global_state: Mapping[str, torch.Tensor], ref: ModelRef, configs: Iterable[TrainConfig]) -> State:
-    """The global state plus the seeded initial state of every auxiliary head `configs` use that it lacks."""
+    """The global state plus the seeded initial state of every auxiliary head `configs` use that it lacks,
+    and LoRA adapters grown to every rank they ask for (edgefl.lowrank.ensure_adapters)."""
     state = dict(global_state)
     for config in configs:
         if config.aux_head is not None:
             for k, t in _aux(ref, config.end, config.aux_head)[1].items():
                 state.setdefault(aux_prefix(config) + k, t.clone())
+        if config.rank is not None:
+            state = lowrank.ensure_adapters(state, _global(ref)[0], config)
     return state
 
 
@@ -193,8 +219,11 @@ def extract(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config: Tra
             indices: IndexSets) -> State:
     """The device model's state (device_model(ref, config, indices).load_state_dict(..., strict=True))."""
     state = ensure_aux(global_state, ref, [config])
-    out = {}
+    out, factors = {}, {}
     for e in entries(ref, config):
+        if e.source is not None:
+            out[e.device_key] = lowrank.extract_part(state, e.source, e.part, config.rank, factors)
+            continue
         t = state[e.key].detach()
         ix = _index(e.dims, indices, t.shape)
         out[e.device_key] = t.clone() if ix is None else t[ix]
@@ -207,12 +236,15 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
     auxiliary head) into global-shaped tensors. Returns (placed, mask): placed holds the global value
     where mask is False; frozen tensors are never uploaded, so they appear in neither."""
     state = ensure_aux(global_state, ref, [config])
-    placed, mask = {}, {}
+    placed, mask, low_rank = {}, {}, {}
     for e in entries(ref, config):
-        if e.layer < config.frozen_prefix:
+        if e.layer < config.frozen_prefix or e.frozen:
             continue
         if e.device_key not in device_update:
             raise ReportRejected(f"the update lacks trained tensor {e.device_key!r}")
+        if e.source is not None:
+            low_rank[e.source, e.part] = device_update[e.device_key].detach()
+            continue
         base, update = state[e.key].detach(), device_update[e.device_key].detach()
         ix = _index(e.dims, indices, base.shape)
         expected = base.shape if ix is None else torch.Size(a.numel() for a in ix)
@@ -222,6 +254,10 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
         p[ix if ix is not None else ...] = update.to(base.dtype)
         m[ix if ix is not None else ...] = True
         placed[e.key], mask[e.key] = p, m
+    if low_rank:
+        p, m = lowrank.place(state, low_rank, config.rank)
+        placed.update(p)
+        mask.update(m)
     return placed, mask
 
 
@@ -236,7 +272,8 @@ def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[
 
     Integer tensors (BN num_batches_tracked) take the max over the devices that trained them, else the
     global value, in both modes. Pure: returns a new dict; tensors nobody touched are the global ones.
-    Every contribution key must be in global_state (add new auxiliary heads with `ensure_aux` first)."""
+    Every contribution key must be in global_state (add new auxiliary heads with `ensure_aux` first).
+    LoRA-adapted weights are then set to their base plus the new adapters' product (edgefl.lowrank.merge)."""
     if mode not in ("trained", "sampled"):
         raise ValueError(f"unknown aggregation mode {mode!r}")
     weights = [float(n) for n, _, _ in contributions]
@@ -265,4 +302,4 @@ def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[
             else:
                 out = (num + (sum(weights) - den) * g64) / sum(weights)
             new[key] = out.to(g.dtype)
-    return new
+    return lowrank.merge(new)

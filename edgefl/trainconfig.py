@@ -5,6 +5,13 @@ train; when trained_end stops short of the last layer an auxiliary head (`aux_he
 that boundary and the later layers are not sent. Hidden widths: layers >= head_start are scaled by
 head_width (SLT's F_H; head_start = 0 scales the whole model as in small model / HeteroFL / FedRolex).
 `index_mode` says which channels a scaled layer keeps (the training half slices them).
+
+Method extensions, left out of the JSON and the hash when unset (so existing configs keep their hash):
+`rank` trains the linear weights of the hidden trained layers [frozen_prefix, num_layers - 1) at low
+rank (`rank_mode` 'lora': frozen base weights plus trained adapters B A, Heterogeneous LoRA; 'factor': the
+weights replaced by factors U V, FedHM), the output layer always in full; `exits` are extra linear exit
+heads at those boundaries (DepthFL); `copies` > 1 trains that many copies of the trained part that learn
+from each other (m-FeDepth).
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from typing import Literal, Optional
 Optimizer = Literal["sgd", "adamw"]
 AuxKind = Literal["linear", "conv"]
 IndexMode = Literal["prefix", "rolling", "random"]
+RankMode = Literal["lora", "factor"]
 
 # optimizer state kept per trained parameter: SGD momentum buffer, AdamW first and second moments
 OPTIMIZER_STATE_SLOTS = {"sgd": 1, "adamw": 2}
@@ -38,6 +46,10 @@ class TrainConfig:
     optimizer: Optimizer = "sgd"
     local_epochs: int = 1
     index_mode: IndexMode = "prefix"
+    rank: Optional[int] = None             # None: full rank
+    rank_mode: RankMode = "lora"
+    exits: tuple[int, ...] = ()
+    copies: int = 1
 
     def __post_init__(self):
         end = self.end
@@ -54,6 +66,24 @@ class TrainConfig:
             raise ValueError("head_width < 1 needs head_start")
         if self.batch_size < 1 or self.local_epochs < 1:
             raise ValueError("batch_size and local_epochs must be >= 1")
+        self._check_extensions()
+
+    def _check_extensions(self) -> None:
+        object.__setattr__(self, "exits", tuple(int(b) for b in self.exits))   # JSON gives a list
+        if self.rank is not None:
+            if self.rank < 1 or self.rank_mode not in ("lora", "factor"):
+                raise ValueError(f"rank must be >= 1 with rank_mode lora or factor, got {self.rank}, {self.rank_mode!r}")
+            if self.head_width < 1 or self.aux_head is not None:
+                raise ValueError("a low-rank config trains full-width layers up to the model's own head")
+            if not self.rank_layers:
+                raise ValueError("a rank needs a trained layer before the output layer")
+        elif self.rank_mode != "lora":
+            raise ValueError("rank_mode needs a rank")
+        if list(self.exits) != sorted(set(self.exits)) or any(not self.frozen_prefix < b < self.end for b in self.exits):
+            raise ValueError(f"exits must be increasing boundaries strictly inside the trained layers "
+                             f"({self.frozen_prefix}, {self.end}), got {self.exits}")
+        if self.copies < 1:
+            raise ValueError(f"copies must be >= 1, got {self.copies}")
 
     @property
     def end(self) -> int:
@@ -62,6 +92,13 @@ class TrainConfig:
     @property
     def trained_layers(self) -> range:
         return range(self.frozen_prefix, self.end)
+
+    @property
+    def rank_layers(self) -> range:
+        """The layers whose linear weights train at low rank: the trained ones but the output layer."""
+        if self.rank is None:
+            return range(0)
+        return range(self.frozen_prefix, min(self.end, self.num_layers - 1))
 
     @property
     def aux_prefix(self) -> str:
@@ -77,8 +114,13 @@ class TrainConfig:
     def with_(self, **changes) -> "TrainConfig":
         return replace(self, **changes)
 
-    def to_json(self) -> dict:
+    def _fields(self) -> dict:
         d = asdict(self)
+        unset = {"rank": None, "rank_mode": "lora", "exits": (), "copies": 1}
+        return {k: v for k, v in d.items() if k not in unset or v != unset[k]}
+
+    def to_json(self) -> dict:
+        d = self._fields()
         d["trained_layers"] = list(self.trained_layers)
         return d
 
@@ -88,4 +130,4 @@ class TrainConfig:
         return cls(**data)
 
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(self._fields(), sort_keys=True).encode()).hexdigest()[:16]

@@ -269,7 +269,8 @@ class ProfileMeter(_Timed):
 
     def __init__(self, power_active_w: float):
         if power_active_w <= 0:
-            raise ConfigError("the energy estimate needs a positive active power (profile power_active)")
+            raise ConfigError("no energy sensor to read and no power to estimate from: give the device's "
+                              "--profile (its power_active) or --power W")
         self.power_w = power_active_w
 
     def stop(self) -> EnergyReading:

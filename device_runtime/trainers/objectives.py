@@ -17,7 +17,8 @@ The instruction's options choose the objective (`objective_for`):
   Zhang et al. 2018). M - 1 peers of the trained part start from the downloaded weights plus seeded
   Gaussian noise (mutual_noise x each tensor's std), the only source of diversity when every copy
   starts from the same global model; copy m minimises CE_m + 1/(M-1) sum_{m' != m} KL(h^{m'} || h^m),
-  peers' predictions held fixed. The frozen prefix runs once for all copies; only copy 1 is uploaded.
+  peers' predictions held fixed. The frozen prefix runs once and is held once for all copies; only copy 1
+  is uploaded.
 """
 from __future__ import annotations
 
@@ -145,7 +146,9 @@ class MutualLearning(Objective):
         copies = int(self.options["mutual"])
         noise = float(self.options.get("mutual_noise", 0.01))
         gen = torch.Generator().manual_seed(self.seed)
-        self.peers = [copy.deepcopy(model) for _ in range(copies - 1)]
+        # peers share the frozen prefix (it runs once for all copies): only the trained part is copied
+        self.peers = [copy.deepcopy(model, {id(layer): layer for layer in model.layers[:config.frozen_prefix]})
+                      for _ in range(copies - 1)]
         params = []
         for peer in self.peers:
             for p in peer.parameters():

@@ -48,6 +48,15 @@ def from_wire(weights: Mapping[str, torch.Tensor], config: TrainConfig, heads: M
     return out
 
 
+def targets(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One target per logits row. A token model predicts the next token at every position, so a window x
+    with one label y (the token after it, as next-character data sets give it) trains on x[1:] followed
+    by y; any other model on y."""
+    if not x.is_floating_point() and x.dim() == 2 and y.numel() == x.shape[0]:
+        return torch.cat([x[:, 1:], y.reshape(-1, 1)], dim=1).reshape(-1)
+    return y.reshape(-1)
+
+
 def to_wire(name: str, heads: Mapping[str, str]) -> str:
     local = next((p for p in heads if name.startswith(p)), None)
     return name if local is None else heads[local] + name[len(local):]
@@ -81,9 +90,12 @@ class TorchTrainer:
         return out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out
 
     def trained_names(self, model, config: TrainConfig, heads: Iterable[str] = ("aux.",)) -> list[str]:
-        """The tensors the device trains: layers [frozen_prefix, end) and every head (device prefixes)."""
+        """The tensors the device trains: layers [frozen_prefix, end) and every head (device prefixes), but
+        those the model keeps frozen inside them (`frozen_tensors`: LoRA's base weights)."""
         trained = {f"layers.{i}." for i in config.trained_layers}
-        return [n for n in model.state_dict() if any(n.startswith(p) for p in (*heads, *trained))]
+        frozen = getattr(model, "frozen_tensors", frozenset())
+        return [n for n in model.state_dict()
+                if n not in frozen and any(n.startswith(p) for p in (*heads, *trained))]
 
     def train(self, model, config: TrainConfig, x: np.ndarray, y: np.ndarray, lr: float, seed: int,
               objective: Optional[Objective] = None):
@@ -108,7 +120,7 @@ class TorchTrainer:
             for start in range(0, len(x), config.batch_size):
                 idx = order[start:start + config.batch_size]
                 xb = torch.as_tensor(x[idx], device=self.device)
-                yb = torch.as_tensor(y[idx], device=self.device).reshape(-1)
+                yb = targets(xb, torch.as_tensor(y[idx], device=self.device))
                 loss = objective.loss(model, config, xb, yb)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -141,7 +153,7 @@ class TorchTrainer:
         total, correct, loss = 0, 0, 0.0
         for start in range(0, len(x), batch):
             xb = torch.as_tensor(x[start:start + batch], device=self.device)
-            yb = torch.as_tensor(y[start:start + batch], device=self.device).reshape(-1)
+            yb = targets(xb, torch.as_tensor(y[start:start + batch], device=self.device))
             out = self.logits(model, config, xb)
             loss += float(F.cross_entropy(out, yb, reduction="sum"))
             correct += int((out.argmax(-1) == yb).sum())

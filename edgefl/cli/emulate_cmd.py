@@ -23,6 +23,30 @@ def _subset(dataset, limit: Optional[int], seed: int):
                                **({"groups": groups} if groups is not None else {}))
 
 
+def _pretrained_ref(root: Path, depths: Optional[list[int]], train, strategy):
+    """The transformer of the pretrained set to start from: the first of --layers, else the deepest; CAFF
+    chooses among --layers (default: every depth in the set)."""
+    from edgefl.pretrain import available
+    from edgefl.zoo import ModelRef
+
+    found = available(root)
+    if missing := sorted(set(depths or ()) - set(found)):
+        raise ConfigError(f"--pretrained {root}: no model with {missing} layers (it has {sorted(found)}); "
+                          f"add them with 'edgefl pretrain --layers {','.join(map(str, missing))} -o {root}'")
+    depths = depths or sorted(found, reverse=True)
+    config = found[depths[0]]
+    if list(getattr(train, "vocab", None) or []) != config["vocab"]:
+        raise ConfigError(f"--pretrained {root}: the models were pretrained on another vocabulary than the data set's; "
+                          "pretrain them on this data set's text")
+    ref = ModelRef.from_json(config["model"])
+    if train.x.ndim != 2 or train.x.shape[1] > ref.args["context"]:
+        raise ConfigError(f"--pretrained {root}: the models read at most {ref.args['context']} tokens, the data's "
+                          f"windows are {train.x.shape[1:]}; pretrain with --context {train.x.shape[-1]}")
+    if strategy.name == "caff":
+        strategy.depths = depths
+    return ref
+
+
 def emulate(
     devices: Path = typer.Option(..., "--devices"),
     model: str = typer.Option(..., "--model"),
@@ -50,6 +74,9 @@ def emulate(
     measure_memory: bool = typer.Option(False, "--measure-memory",
                                         help="devices measure the activations autograd keeps and fail a round "
                                              "whose peak would exceed their memory"),
+    pretrained: Optional[Path] = typer.Option(None, "--pretrained",
+                                              help="folder written by 'edgefl pretrain': the transformer starts from "
+                                                   "those weights (caff picks among its depths)"),
 ):
     """Train the whole fleet in one process, each virtual device held to its budget."""
     from edgefl.cli.main import stdout
@@ -64,6 +91,8 @@ def emulate(
     from edgefl.strategies import PlanContext, get_strategy
 
     resolve_device(device)  # fail before any work when CUDA is asked for and absent
+    if pretrained is not None and model != "transformer":
+        raise ConfigError(f"--pretrained: the pretrained set holds transformers; use --model transformer, not {model}")
     fleet = load_fleet(devices)
     split = parse_partition(partition)
     train = _subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
@@ -72,8 +101,13 @@ def emulate(
         input_shape = ",".join(str(d) for d in train.x.shape[1:])
     if classes is None and model != "transformer":
         classes = train.classes
-    ref = model_ref(model, parse_int_list(layers, "--layers"), classes, input_shape=input_shape)
     strategy = get_strategy(method)
+    if pretrained is not None:
+        ref = _pretrained_ref(pretrained, parse_int_list(layers, "--layers"), train, strategy)
+    elif model == "transformer" and train.x.ndim == 2:   # token windows: the data's vocabulary and length
+        ref = model_ref(model, parse_int_list(layers, "--layers"), vocab=train.classes, context=train.x.shape[1])
+    else:
+        ref = model_ref(model, parse_int_list(layers, "--layers"), classes, input_shape=input_shape)
     plan = verify(strategy.plan(PlanContext(fleet, ref, rounds=rounds, batch_size=batch_size,
                                             local_epochs=local_epochs)), fleet)
     ref = plan.model  # CAFF may choose another depth
@@ -84,12 +118,17 @@ def emulate(
                           f"{n_devices} devices; use a smaller fleet or another partition")
     shares = shares[:n_devices]
 
+    initial = None
+    if pretrained is not None:
+        from edgefl.pretrain import load_pretrained
+        initial = load_pretrained(pretrained, ref)
     output.mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps({
         "devices": str(devices), "model": ref.to_json(), "dataset": dataset, "method": method, "rounds": rounds,
         "clients_per_round": clients_per_round, "partition": partition, "device": device, "seed": seed,
         "batch_size": batch_size, "local_epochs": local_epochs, "lr": lr, "toa": toa_scale,
-        "measure_memory": measure_memory, "train_examples": len(train.y),
+        "measure_memory": measure_memory, "pretrained": str(pretrained) if pretrained else None,
+        "train_examples": len(train.y),
         "test_examples": len(test.y)}, indent=2) + "\n")
     plan.write(output / "plan.json")
     for g in plan.groups.values():
@@ -111,7 +150,7 @@ def emulate(
             bar.update(task, advance=1, acc=acc)
 
         _, server = run_emulation(fleet, plan, strategy, ref, train, test, shares, settings, device, on_round,
-                                  toa=toa_scale)
+                                  toa=toa_scale, initial_state=initial)
     import torch
     torch.save(server.state, output / "weights.pt")
     last = next((r.accuracy for r in reversed(records) if r.accuracy is not None), None)

@@ -12,6 +12,7 @@ predicted ones exceeds its memory (its group's budget unless `device_memory` say
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -43,15 +44,16 @@ class TorchServerModel:
     them. With `toa` = s, a single config with two or more frozen layers goes down with the frozen layers
     before the last one shrunk to TOA-sampled filters (FedOLF sec. 3.3); the device builds its model at
     the widths sent with it. `groups`: per fleet group, local examples to measure its accuracy on.
+    `initial`: the global weights to start from (a pretrained model), else a seeded fresh model.
     """
 
     def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int,
                  groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None,
-                 clip_norm: Optional[float] = None):
+                 clip_norm: Optional[float] = None, initial: Optional[Mapping[str, torch.Tensor]] = None):
         torch.manual_seed(seed)
         self.ref, self.test, self.trainer, self.groups, self.toa = ref, test, trainer, dict(groups or {}), toa
         self.clip_norm = clip_norm
-        self.state = {k: v.detach().clone() for k, v in build(ref).state_dict().items()}
+        self.state = {k: v.detach().clone() for k, v in (initial or build(ref).state_dict()).items()}
 
     def snapshot(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state.items()}
@@ -65,7 +67,7 @@ class TorchServerModel:
             return list(instruction.sequence)
         c = instruction.config
         exits = sorted(b for b in instruction.option("exits") or () if c.frozen_prefix < b < c.end)
-        return [c] + [c.with_(trained_end=b, aux_head="linear") for b in exits]
+        return [c] + [c.with_(trained_end=b, aux_head="linear", exits=()) for b in exits]
 
     def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
         parts = self.parts(instruction)
@@ -82,7 +84,7 @@ class TorchServerModel:
             delivery.weights.update({e.key: sliced[e.device_key] for e in entries(self.ref, config)})
             delivery.handle.append((config, indices))
         trained = {e.key for config, _ in delivery.handle for e in entries(self.ref, config)
-                   if e.layer >= config.frozen_prefix}
+                   if e.layer >= config.frozen_prefix and not e.frozen}
         # what the device must upload, as sent: the report is checked against it before anything is placed
         delivery.handle = (delivery.handle, expected_of(delivery.weights, sorted(trained)))
         return delivery
@@ -95,7 +97,7 @@ class TorchServerModel:
             tensors, _ = clip_update(self._sent(parts), tensors, self.clip_norm)
         placed, mask = {}, {}
         for config, indices in parts:
-            trained = [e for e in entries(self.ref, config) if e.layer >= config.frozen_prefix]
+            trained = [e for e in entries(self.ref, config) if e.layer >= config.frozen_prefix and not e.frozen]
             p, m = embed(self.state, {e.device_key: tensors[e.key] for e in trained}, self.ref, config, indices)
             placed.update(p)
             mask.update(m)
@@ -144,9 +146,17 @@ def group_samples(fleet: Fleet, share_of: Mapping[str, np.ndarray], train: Datas
 
 
 def torch_trainer(ref: ModelRef, device: str = "cpu", **kwargs) -> TorchTrainer:
-    """The torch Trainer wired to the zoo: device models at any widths, and FjORD's nested submodels."""
+    """The torch Trainer wired to the zoo: device models at any widths, and FjORD's nested submodels.
+    Each distinct (config, widths) is built once and copied after: the trainer loads every tensor of the
+    model from the wire (strict), so a copy serves as well as a fresh build and skips the random
+    initialisation, which cost more than a small client's training step."""
+    built: dict = {}
+
     def build_device(config: TrainConfig, widths=None):
-        return device_model(ref, config, IndexSets(widths or config.widths, {}))
+        key = (config, tuple(widths or config.widths))
+        if key not in built:
+            built[key] = device_model(ref, config, IndexSets(key[1], {}))
+        return copy.deepcopy(built[key])
 
     def narrow(config: TrainConfig, p: float):
         inner = config.with_(head_width=p)
@@ -160,12 +170,14 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
             on_round: Optional[Callable[[RoundRecord], None]] = None, *, toa: Optional[float] = None,
             device_memory: Optional[Mapping[str, int]] = None, group_eval_examples: int = 256,
             state: Optional[RunState] = None, clip_norm: Optional[float] = None,
+            initial_state: Optional[Mapping[str, torch.Tensor]] = None,
             ) -> tuple[list[RoundRecord], TorchServerModel]:
     """Run `settings.rounds` rounds. `shares[i]` are the training-example indices of the i-th device in
     sorted device order. `toa`: FedOLF TOA scale for frozen-prefix downloads. `device_memory`: the memory
     a device really has where it differs from its group's budget (what `settings.measure_memory` checks
     against). `group_eval_examples`: per group, local examples the per-group accuracy is measured on.
-    `state`: checkpoint every round there and resume from it. `clip_norm`: bound each update's L2 norm."""
+    `state`: checkpoint every round there and resume from it. `clip_norm`: bound each update's L2 norm.
+    `initial_state`: the global weights to start from (a pretrained model), else a seeded fresh one."""
     devices = sorted(d for g in fleet.groups for d in g.device_ids)
     if len(shares) != len(devices):
         raise ValueError(f"{len(shares)} data shares for {len(devices)} devices")
@@ -179,7 +191,8 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
         return EmulatedDevice(device_id, trainer, train.x[idx], train.y[idx], memory_bytes=budget[device_id])
 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
-    server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm)
+    server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm,
+                              initial=initial_state)
     coordinator = Coordinator(fleet, plan, strategy, server, InMemoryTransport(make_device), settings,
                               examples=lambda d: len(share_of[d]), on_round=on_round, state=state)
     return coordinator.run(), server

@@ -34,7 +34,7 @@ def plan(
     model: str = typer.Option(..., "--model", help="zoo model: resnet20, resnet32, resnet44, resnet56, densenet40, "
                                                    "vgg11bn, cnn, transformer, vit"),
     method: str = typer.Option(..., "--method", help="slt, caff, fedolf, fedepth, profl, fedavg, exclusive, small, fd, "
-                                                     "fedrolex, heterofl, fjord, depthfl"),
+                                                     "fedrolex, heterofl, fjord, depthfl, lora, fedhm"),
     rounds: int = typer.Option(100, "--rounds", min=1),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     optimizer: OptimizerName = typer.Option(OptimizerName.sgd, "--optimizer"),
@@ -153,6 +153,45 @@ def profile(
 from edgefl.cli.emulate_cmd import emulate  # noqa: E402  (torch is imported inside the command)
 
 app.command()(emulate)
+
+from edgefl.cli.serve_cmd import serve  # noqa: E402  (torch, the export backends and paho are imported inside)
+
+app.command()(serve)
+
+from edgefl.cli.pretrain_cmd import pretrain  # noqa: E402  (torch is imported inside the command)
+
+app.command()(pretrain)
+
+from edgefl.cli.broker_cmd import broker_app  # noqa: E402
+
+app.add_typer(broker_app, name="broker")
+
+from edgefl.cli.export_cmd import export  # noqa: E402  (torch and the backends are imported inside)
+from edgefl.cli.data_cmd import data_app  # noqa: E402
+
+app.command()(export)
+app.add_typer(data_app, name="data")
+
+
+@app.command()
+def calibrate(
+    runs: list[Path] = typer.Argument(..., help="run folders written by 'edgefl serve --state'"),
+    output: Path = typer.Option(Path("calibration.json"), "-o", "--output",
+                                help="calibration file for 'edgefl plan --calibration'"),
+):
+    """Fit each runtime's overhead constant from the peak RSS devices measured; the planner reads the file."""
+    import json
+
+    from edgefl.calibrate import calibration_json, fit_overheads, samples_from_run
+    from edgefl.units import format_bytes
+
+    fits = fit_overheads([s for run in runs for s in samples_from_run(run)])
+    output.write_text(json.dumps(calibration_json(fits), indent=2) + "\n")
+    for f in fits.values():
+        stdout.print(f"{f.runtime}: {f.samples} measured peaks; baseline {'+' if f.shift_bytes >= 0 else '-'}"
+                     f"{format_bytes(abs(f.shift_bytes))}; prediction error median {f.error_before[0]:.1%} -> "
+                     f"{f.error_after[0]:.1%}, max {f.error_before[1]:.1%} -> {f.error_after[1]:.1%}")
+    stdout.print(f"calibration written to {output}; plan with: edgefl plan ... --calibration {output}")
 
 
 @app.command()

@@ -7,7 +7,9 @@ from edgefl.strategies.caff import CAFF
 from edgefl.strategies.depthfl import DepthFL
 from edgefl.strategies.fedavg import ExclusiveFedAvg, FedAvg
 from edgefl.strategies.fedepth import FeDepth
+from edgefl.strategies.fedhm import FedHM
 from edgefl.strategies.fedolf import FedOLF
+from edgefl.strategies.lora import HeterogeneousLoRA
 from edgefl.strategies.profl import ProFL
 from edgefl.strategies.slt import SLT
 from edgefl.strategies.small import SmallModel
@@ -15,7 +17,7 @@ from edgefl.strategies.width import FederatedDropout, FedRolex, FjORD, HeteroFL
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (
     SLT, CAFF, FedOLF, FeDepth, ProFL, FedAvg, ExclusiveFedAvg, SmallModel, FederatedDropout, FedRolex,
-    HeteroFL, FjORD, DepthFL)}
+    HeteroFL, FjORD, DepthFL, HeterogeneousLoRA, FedHM)}
 
 
 def get_strategy(name: str) -> Strategy:

@@ -82,7 +82,8 @@ class PlanContext:
             profile = self.store.profile(self.model, widths)
             aux = (self.store.aux(self.model, widths, config.end, config.aux_head)
                    if config.aux_head is not None else None)
-            self._costs[key] = cost(profile, config, runtime, aux, self.constants[runtime])
+            exits = [self.store.aux(self.model, widths, b, "linear") for b in config.exits]   # DepthFL
+            self._costs[key] = cost(profile, config, runtime, aux, self.constants[runtime], exits)
         return self._costs[key]
 
     def fits(self, config: TrainConfig, group: Group) -> bool:

@@ -5,15 +5,14 @@ Training half (DepthFL's self-distillation): a device of depth d also holds the 
 linear classifier at each candidate depth b < d (the cut points the planner chooses depths from, shared
 with every device deep enough to hold them), and minimises the sum of every exit's cross-entropy plus
 `distill` x the mean KL between each exit and the others (device_runtime objectives.SelfDistillation).
-The planner's cost counts only the exit at d: the extra linear heads' weights and kept activations are
-left out of the prediction.
+Those exits are part of the config (`TrainConfig.exits`), so the planner's cost counts their weights,
+gradients, optimizer state, kept activations, FLOPs and upload (edgefl.cost).
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from edgefl.plan import GroupPlan, Plan, Step
-from edgefl.profile import ProfileStore
+from edgefl.plan import GroupPlan, Step
 from edgefl.strategies.base import PerGroupStrategy, PlanContext
 
 
@@ -25,22 +24,15 @@ def depth_cuts(profile) -> list[int]:
 class DepthFL(PerGroupStrategy):
     name = "depthfl"
 
-    def __init__(self, distill: float = 1.0, store: Optional[ProfileStore] = None):
+    def __init__(self, distill: float = 1.0):
         self.distill = distill
-        self.store = store
-        self.exits: Optional[tuple[int, ...]] = None
 
     def candidates(self, ctx: PlanContext):
         cuts = depth_cuts(ctx.full_profile)
-        self.exits = tuple(sorted(cuts))
-        return [ctx.config()] + [ctx.config(trained_end=b, aux_head="linear") for b in cuts]
-
-    def configure_round(self, plan: Plan, round: int, group: str) -> Optional[Step]:
-        if self.exits is None:  # a plan read from disk: the cut points come from the model's profile
-            self.store = self.store or ProfileStore()
-            self.exits = tuple(sorted(depth_cuts(self.store.full(plan.model))))
-        return super().configure_round(plan, round, group)
+        full = ctx.config(exits=tuple(sorted(cuts)))
+        return [full] + [ctx.config(trained_end=b, aux_head="linear", exits=tuple(sorted(c for c in cuts if c < b)))
+                         for b in cuts]
 
     def trainer_options(self, round: int, step: Step, group: Optional[GroupPlan] = None) -> dict:
-        exits = tuple(b for b in self.exits or () if step.config.frozen_prefix < b < step.config.end)
+        exits = step.config.exits
         return {"exits": exits, "distill": self.distill} if exits else {}

@@ -10,6 +10,9 @@ Training half: the step's `sequence` goes down as one instruction (the union of 
 device trains the blocks one after another, each on all its local data from the blocks before it as
 trained, and uploads every block with its skip classifier. Devices flagged 'mutual-distillation' train
 `copies` copies of each block with mutual KL distillation (device_runtime objectives.MutualLearning).
+The copies are part of their block configs (`TrainConfig.copies`), so the planned cost holds the copies'
+weights, gradients, optimizer state, activations and FLOPs (edgefl.cost); a surplus device whose blocks
+do not all fit with copies trains them alone, unflagged.
 """
 from __future__ import annotations
 
@@ -37,14 +40,29 @@ class FeDepth(Strategy):
         self.copies, self.noise = copies, noise      # m-FeDepth: models per flagged device, peers' init noise
 
     def trainer_options(self, round: int, step: Step, group: Optional[GroupPlan] = None) -> dict:
-        if group is not None and "mutual-distillation" in group.flags and self.copies > 1:
-            return {"mutual": self.copies, "mutual_noise": self.noise}
-        return {}
+        copies = step.config.copies
+        return {"mutual": copies, "mutual_noise": self.noise} if copies > 1 else {}
 
-    def block(self, ctx: PlanContext, start: int, end: int):
+    def block(self, ctx: PlanContext, start: int, end: int, copies: int = 1):
         if end == ctx.num_layers:
-            return ctx.config(frozen_prefix=start)
-        return ctx.config(frozen_prefix=start, trained_end=end, aux_head="linear")
+            return ctx.config(frozen_prefix=start, copies=copies)
+        return ctx.config(frozen_prefix=start, trained_end=end, aux_head="linear", copies=copies)
+
+    def blocks(self, ctx: PlanContext, g, ends: list[int], copies: int) -> tuple[list, list[int]]:
+        """(block configs in order, layer starts skipped): largest block first from each start."""
+        sequence, skipped, p = [], [], 0
+        while p < ctx.num_layers:
+            options = [self.block(ctx, p, e, copies) for e in reversed(ends) if e > p]
+            done = [ctx.cost(c, g.runtime) for c in sequence]
+            # the block must fit on its own and, with the blocks before it, the round's FLOP and upload budgets
+            i = first_fit(options, lambda c: not violations(sequence_cost(done + [ctx.cost(c, g.runtime)]), g, c))
+            if i is None:
+                skipped.append(p)
+                p = next(e for e in ends if e > p)
+            else:
+                sequence.append(options[i])
+                p = options[i].end
+        return sequence, skipped
 
     def plan(self, ctx: PlanContext):
         L = ctx.num_layers
@@ -53,26 +71,20 @@ class FeDepth(Strategy):
         full = ctx.config()
         groups = {}
         for g in ctx.fleet.groups:
-            sequence, skipped, p = [], [], 0
-            while p < L:
-                options = [self.block(ctx, p, e) for e in reversed(ends) if e > p]   # largest block first
-                done = [ctx.cost(c, g.runtime) for c in sequence]
-                # the block must fit on its own and, with the blocks before it, the round's FLOP and upload budgets
-                i = first_fit(options, lambda c: not violations(sequence_cost(done + [ctx.cost(c, g.runtime)]), g, c))
-                chosen = None if i is None else options[i]
-                if chosen is None:
-                    skipped.append(p)
-                    p = next(e for e in ends if e > p)
-                else:
-                    sequence.append(chosen)
-                    p = chosen.end
+            sequence, skipped = self.blocks(ctx, g, ends, 1)
+            surplus = g.memory_budget_bytes >= 2 * ctx.cost(full, g.runtime).peak_memory_bytes
+            if surplus and self.copies > 1:
+                mutual, mutual_skipped = self.blocks(ctx, g, ends, self.copies)
+                surplus = len(mutual_skipped) <= len(skipped)
+                if surplus:
+                    sequence, skipped = mutual, mutual_skipped
             steps = []
             if sequence:
                 predicted = sequence_cost([ctx.cost(c, g.runtime) for c in sequence])
                 label = f"{len(sequence)} blocks" + (f", skips layers from {skipped}" if skipped else "")
                 steps = [Step(rounds=(1, ctx.rounds), config=sequence[0], predicted=predicted,
                               sequence=tuple(sequence), label=label)]
-            flags = ("mutual-distillation",) if g.memory_budget_bytes >= 2 * ctx.cost(full, g.runtime).peak_memory_bytes else ()
+            flags = ("mutual-distillation",) if surplus else ()
             cheapest = [self.block(ctx, s, e) for s, e in zip(starts, ends, strict=True)]
             groups[g.name] = group_plan(ctx, g, steps, cheapest, flags=flags)
         return self.new_plan(ctx, groups)

@@ -1,17 +1,20 @@
 """Transports move instructions and weights down and reports up. The round loop talks only to this
-interface; emulation uses the in-memory one, deployment the MQTT one."""
+interface; emulation uses the in-memory one, deployment the MQTT one (`edgefl.transport.mqtt`). Both speak
+the same device protocol (`edgefl.transport.endpoint`); its topics are in `edgefl.transport.topics`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Optional
 
 from edgefl.messages import DeviceReport, RoundInstruction
 
 
 class Transport(ABC):
     @abstractmethod
-    def send(self, instruction: RoundInstruction, weights: dict[str, Any]) -> None:
-        """Deliver one device's instruction and the tensors it needs."""
+    def send(self, instruction: RoundInstruction, weights: Mapping[str, Any],
+             artifacts: Optional[Mapping[str, str]] = None) -> None:
+        """Deliver one device's instruction and the tensors it needs; `artifacts` (role -> id) names
+        artifacts shipped to it beforehand (transports that ship them)."""
 
     @abstractmethod
     def collect(self, round: int, expected: Iterable[str], timeout_s: float | None) -> list[DeviceReport]:

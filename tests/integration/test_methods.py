@@ -186,3 +186,106 @@ def test_cli_toa_and_measure_memory(tmp_path):
     (record,) = json.loads((out / "history.json").read_text())["rounds"]
     assert record["download_saved_bytes"] > 0 and len(record["measured_activation_bytes"]) == 10
     assert set(record["group_accuracy"]) == {"small", "big"} and record["failed"] == {}
+
+
+# ---- Heterogeneous LoRA and FedHM on a tiny transformer LM (Shakespeare next character) ----------------
+
+LM = ModelRef.of("transformer", layers=2, embed=24, heads=2, context=16, vocab=82)
+
+
+@pytest.fixture(scope="module")
+def text():
+    """A seeded Shakespeare subset in 16-character windows: 720 training and 200 test windows."""
+    def subset(ds, n, seed):
+        keep = np.sort(np.random.default_rng(seed).permutation(len(ds.y))[:n])
+        return dataclasses.replace(ds, x=np.ascontiguousarray(ds.x[keep]), y=ds.y[keep], groups=ds.groups[keep])
+    return (subset(load_dataset("shakespeare", split="train", seq_len=16), 720, 0),
+            subset(load_dataset("shakespeare", split="test", seq_len=16), 200, 1))
+
+
+def lm_run(strategy, text, mode):
+    """Two groups of three: 'lo' with an upload budget between ranks 2 and 3, 'hi' with none; 3 rounds,
+    every device every round, activations measured."""
+    probe = PlanContext(parse_fleet("fleet: {groups: {x: {count: 1, memory_budget: 4GiB}}}"), LM, batch_size=16)
+    up = [probe.cost(probe.config(frozen_prefix=1, rank=r, rank_mode=mode), "torch").upload_bytes for r in (2, 3)]
+    fleet = parse_fleet("fleet:\n  groups:\n"
+                        f"    lo: {{count: 3, memory_budget: 4GiB, upload_budget: {sum(up) // 2}, runtime: torch}}\n"
+                        "    hi: {count: 3, memory_budget: 4GiB, runtime: torch}\n")
+    plan = verify(strategy.plan(PlanContext(fleet, LM, rounds=3, batch_size=16)), fleet)
+    train, test = text
+    shares = parse_partition("iid").split(train.y, fleet.device_count, 0)
+    settings = LoopSettings(rounds=3, clients_per_round=6, lr=0.05, seed=0, measure_memory=True)
+    records, server = emulate(fleet, plan, strategy, plan.model, train, test, shares, settings)
+    for r in records:
+        assert not r.failed and not r.rejected and r.participating == {"lo": 3, "hi": 3}, (r.failed, r.rejected)
+        assert 0 <= r.accuracy <= 1 and np.isfinite(r.train_loss)
+        for device, kept in r.measured_activation_bytes.items():
+            assert kept == plan.groups[r.sampled[device]].steps[0].predicted.activation_bytes
+    # the upload the plan predicted, less the blocks' causal masks (buffers it counts, never in a state dict)
+    masks = 2 * 16 * 16 * 4
+    assert records[0].upload_bytes == sum(3 * (g.steps[0].predicted.upload_bytes - masks) for g in plan.groups.values())
+    return plan, records, server
+
+
+def test_heterogeneous_lora_trains_the_transformer_at_two_ranks(text):
+    from edgefl.lowrank import lora_key
+    from edgefl.strategies.lora import HeterogeneousLoRA
+
+    plan, records, server = lm_run(HeterogeneousLoRA(max_rank=8), text, "lora")
+    assert {g: p.steps[0].config.rank for g, p in plan.groups.items()} == {"lo": 2, "hi": 8}
+    q = "layers.1.attn.q"
+    a, b, base = (server.state[lora_key(q, part)] for part in ("A", "B", "base"))
+    assert a.shape == (8, 24) and b.shape == (24, 8)
+    assert torch.count_nonzero(b[:, :2]) and torch.count_nonzero(b[:, 2:])   # every rank component trained
+    assert torch.allclose(server.state[f"{q}.weight"], base + b @ a, atol=1e-6)
+    # the embedding and the blocks' base weights never move; the output layer does
+    fresh = TorchServerModel(LM, None, torch_trainer(LM), seed=0).state
+    assert torch.equal(server.state["layers.0.tok.weight"], fresh["layers.0.tok.weight"])
+    assert torch.equal(base, fresh[f"{q}.weight"])
+    assert not torch.equal(server.state["layers.3.fc.weight"], fresh["layers.3.fc.weight"])
+
+
+def test_fedhm_trains_factors_where_full_rank_does_not_fit(text):
+    from edgefl.strategies.fedhm import FedHM
+
+    plan, records, server = lm_run(FedHM(max_rank=8), text, "factor")
+    assert {g: p.steps[0].config.rank for g, p in plan.groups.items()} == {"lo": 2, "hi": None}
+    assert not any(k.startswith("aux.") for k in server.state)        # full matrices are what the server keeps
+    fresh = TorchServerModel(LM, None, torch_trainer(LM), seed=0).state
+    assert set(server.state) == set(fresh)
+    assert not torch.equal(server.state["layers.1.mlp.0.weight"], fresh["layers.1.mlp.0.weight"])
+
+
+def test_pretrain_then_emulate_lora_from_the_pretrained_set(tmp_path):
+    from edgefl.lowrank import lora_key
+
+    pre = tmp_path / "pretrained"
+    r = subprocess.run([sys.executable, "-m", "edgefl", "pretrain", "-o", str(pre), "--layers", "1,2", "--steps", "2",
+                        "--batch-size", "4", "--embed", "16", "--heads", "2"],
+                       capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    for depth in (1, 2):
+        config = json.loads((pre / f"layers-{depth}" / "config.json").read_text())
+        assert config["schema"] == "edgefl.pretrained/1" and config["model"]["kwargs"]["layers"] == depth
+        assert config["steps"] == 2 and len(config["vocab"]) == 82 and config["corpus"] == "shakespeare-pretrain"
+        assert 0 < config["held_out_loss"] < 10 and config["seconds"] > 0
+    weights = torch.load(pre / "layers-2" / "weights.pt")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("fleet:\n  groups:\n    a: {count: 2, memory_budget: 4GiB, runtime: torch}\n")
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "transformer",
+                        "--dataset", "shakespeare", "--method", "lora", "--pretrained", str(pre), "--rounds", "2",
+                        "--clients-per-round", "2", "--train-limit", "300", "--test-limit", "100", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "plan.json").read_text())["model"]["kwargs"]["layers"] == 2      # the deepest
+    assert [x["round"] for x in json.loads((out / "history.json").read_text())["rounds"]] == [1, 2]
+    state = torch.load(out / "weights.pt")
+    for q in ("layers.1.attn.q", "layers.2.mlp.2"):
+        assert torch.equal(state[lora_key(q, "base")], weights[f"{q}.weight"])    # started from the pretrained model
+    assert torch.equal(state["layers.0.tok.weight"], weights["layers.0.tok.weight"])
+
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
+                        "--dataset", "fashion-mnist", "--method", "lora", "--pretrained", str(pre), "--rounds", "1",
+                        "-o", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 2 and "--pretrained" in r.stderr and "Traceback" not in r.stderr

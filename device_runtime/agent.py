@@ -1,0 +1,115 @@
+"""The device agent: wait for instructions, fetch what they need, train, report what it really used.
+
+For every instruction:
+  1. refuse it, with the reason, when its predicted peak memory exceeds the memory this device declared
+     (the coordinator should never send one; a device does not trust that it did not);
+  2. fetch the artifact set (`DeviceLink.fetch_artifact`: only files the sha256 cache lacks travel, every
+     one verified; a frozen prefix is fetched once per weights version);
+  3. train it in a fresh child process (`edgefl.device_runtime.worker` through `child.run_child`), so the
+     peak RSS measured (the child's VmHWM; the kernel's ru_maxrss as well) is the training's own, with an
+     energy meter around it (RAPL / INA219 / battery gauge where present, else the profile's power x time,
+     flagged estimated);
+  4. report: trained tensors (flat float32 buffer in manifest order), example count, first/last step loss,
+     peak RSS, wall time, energy with its source; the link adds the bytes it moved down and up.
+
+A failure of one round (an artifact that fails verification, a crashed or killed training process) is
+reported as a failed round with its reason; the agent keeps serving.
+"""
+from __future__ import annotations
+
+import platform
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from edgefl.errors import EdgeflError
+from edgefl.manifest import ArtifactSet, unflatten
+from edgefl.messages import DeviceReport
+from edgefl.transport.envelopes import Assignment
+from edgefl.device_runtime.child import run_child
+
+SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
+
+
+class DeviceAgent:
+    def __init__(self, link, device_id: str, data: Path, runtime: str, *, memory_bytes: Optional[int] = None,
+                 meter: Optional[Callable[[], Any]] = None, threads: int = 1, fetch_timeout_s: float = 600.0,
+                 train_timeout_s: Optional[float] = None, log: Callable[[str], None] = lambda line: None):
+        """`meter()`: a fresh energy meter (start/stop -> reading with to_json()); `memory_bytes`: the peak
+        training memory this device grants (instructions predicted above it are refused)."""
+        self.link, self.device_id, self.data, self.runtime = link, device_id, Path(data), runtime
+        self.memory_bytes, self.meter, self.threads = memory_bytes, meter, threads
+        self.fetch_timeout_s, self.train_timeout_s, self.log = fetch_timeout_s, train_timeout_s, log
+        self.rounds_done = 0
+
+    def profile(self, extra: Optional[dict] = None) -> dict:
+        """What the device announces: the coordinator's view of who is online with what."""
+        import psutil
+
+        from edgefl.device_runtime.cli import device_info
+
+        info = device_info()
+        return {"runtime": self.runtime, "memory_bytes": self.memory_bytes, "ram_bytes": psutil.virtual_memory().total,
+                "cpu_count": info["cpu_count"], "machine": platform.machine(), "python": info["python"],
+                "runtimes": info["runtimes"], **(extra or {})}
+
+    def serve(self, stop: threading.Event, max_rounds: Optional[int] = None, poll_s: float = 1.0) -> None:
+        while not stop.is_set() and (max_rounds is None or self.rounds_done < max_rounds):
+            assignment = self.link.next_instruction(timeout_s=poll_s)
+            if assignment is None:
+                continue
+            report, order = self.handle(assignment)
+            self.link.report(report, order)
+            self.rounds_done += 1
+            self.log(f"round {report.round}: {report.status}"
+                     + (f" ({report.reason})" if report.reason else f", loss {report.loss_after:.4f}"))
+
+    def handle(self, assignment: Assignment) -> tuple[DeviceReport, Optional[tuple]]:
+        ins = assignment.instruction
+        t0 = time.perf_counter()
+        report = DeviceReport(round=ins.round, device_id=self.device_id, config_hash=ins.config_hash, status="failed")
+        predicted = ins.option("predicted_peak_bytes")
+        if self.memory_bytes is not None and predicted is not None and predicted > self.memory_bytes:
+            report.reason = (f"refused: predicted peak {predicted} B exceeds this device's declared memory "
+                             f"{self.memory_bytes} B")
+            return report, None
+        if SET_ROLE not in assignment.artifacts:
+            report.reason = f"refused: the instruction names no artifact set (roles: {sorted(assignment.artifacts)})"
+            return report, None
+        try:
+            folder = self.link.fetch_artifact(assignment.artifacts[SET_ROLE], self.fetch_timeout_s)
+            suffix = ArtifactSet.open(folder).suffix
+        except EdgeflError as exc:
+            report.reason = f"artifact: {exc}"
+            return report, None
+        if suffix.backend != self.runtime:
+            report.reason = f"refused: artifact exported for {suffix.backend}, this device trains with {self.runtime}"
+            return report, None
+        with tempfile.TemporaryDirectory(prefix="edgefl-round-") as tmp:
+            out = Path(tmp) / "upload.npy"
+            spec = {"artifacts": str(folder), "data": str(self.data), "lr": ins.lr, "seed": ins.seed,
+                    "epochs": ins.config.local_epochs, "threads": self.threads, "runtime": self.runtime, "out": str(out)}
+            meter = self.meter() if self.meter else None
+            if meter:
+                meter.start()
+            child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s)
+            energy = meter.stop() if meter else None
+            report.wall_s = time.perf_counter() - t0
+            report.peak_rss_bytes = (child.result or {}).get("peak_rss_bytes") or child.max_rss_bytes
+            report.metrics = {"max_rss_bytes": child.max_rss_bytes, "runtime": self.runtime}
+            if energy is not None:
+                report.metrics["energy"] = energy.to_json()
+            if child.returncode != 0:
+                report.reason = child.error
+                return report, None
+            buffer = np.load(out)
+        r = child.result
+        report.status, report.examples = "ok", r["examples"]
+        report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
+        report.tensors = unflatten(suffix.trainable, buffer)
+        report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"])
+        return report, suffix.trainable

@@ -1,0 +1,76 @@
+"""Run one piece of device work in a fresh child process and measure it from outside.
+
+The child gets the allocator policy the cost model is calibrated for (glibc's mmap threshold fixed at
+128 KiB through MALLOC_MMAP_THRESHOLD_, read by glibc at process start; edgefl.measure says why) and
+one thread per core it is given. The parent reads the child's peak RSS from the kernel (wait4's
+ru_maxrss) as well, so a child that dies mid-step, killed for memory, still has a measured peak.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from edgefl.errors import EdgeflError
+
+MMAP_THRESHOLD = 128 * 1024     # edgefl.measure.MMAP_THRESHOLD: the policy the torch constants are fitted under
+
+
+@dataclass
+class ChildResult:
+    returncode: int
+    result: Optional[dict]          # the child's last stdout line, parsed, when it succeeded
+    error: str                      # its one-line error (exit 2), or the tail of its stderr
+    max_rss_bytes: int              # the kernel's peak RSS of the child
+
+
+def child_env(threads: int = 1) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env
+
+
+def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[float] = None) -> ChildResult:
+    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env(threads))
+    streams: dict[str, str] = {}
+    readers = [threading.Thread(target=lambda n=n, f=f: streams.__setitem__(n, f.read()), daemon=True)
+               for n, f in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in readers:
+        t.start()
+    timer = threading.Timer(timeout_s, proc.kill) if timeout_s else None
+    if timer:
+        timer.start()
+    # wait4, not Popen.wait: the kernel's peak RSS of this very child comes with its exit status
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if timer:
+        timer.cancel()
+    for t in readers:
+        t.join()
+    out, err = streams.get("out", ""), streams.get("err", "")
+    rss = usage.ru_maxrss * 1024  # kB on Linux
+    if proc.returncode == 0:
+        try:
+            return ChildResult(0, json.loads(out.strip().splitlines()[-1]), "", rss)
+        except (IndexError, ValueError):
+            return ChildResult(1, None, f"no result from the training process: {err.strip()[-500:]}", rss)
+    lines = [l for l in err.splitlines() if l.strip()]
+    if proc.returncode == 2 and lines:
+        return ChildResult(2, None, lines[-1].removeprefix("edgefl-device: error: "), rss)
+    why = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+    return ChildResult(proc.returncode, None, f"training process {why}: {(lines or [''])[-1][-300:]}", rss)
+
+
+def check(result: ChildResult) -> dict:
+    """The child's result, or its one-line error as an EdgeflError (exit 2) / RuntimeError (a crash)."""
+    if result.returncode == 0 and result.result is not None:
+        return result.result
+    if result.returncode == 2:
+        raise EdgeflError(result.error)
+    raise RuntimeError(result.error)

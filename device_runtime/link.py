@@ -1,0 +1,307 @@
+"""A device's end of the protocol, over any Wire (MQTT: `MqttLink`; in-process: `InMemoryTransport.connect`).
+
+    link.announce({"ram_bytes": ..., "runtime": "ort"})      # retained presence; the will says offline
+    job = link.next_instruction(timeout_s=60)                # an Assignment, or None
+    weights = link.weights(job)                              # {global name: array}, fetched and verified
+    prefix = link.fetch(job.artifacts["prefix"])             # a verified file from the sha256 cache
+    link.report(report)                                      # tensors as one flat float32 buffer, chunked
+
+`fetch` asks the coordinator for what the cache lacks (the chunks a previous, interrupted fetch did not
+get), checks every chunk's sha256 as it lands, acknowledges it (the coordinator keeps a window of
+chunks in flight), ignores duplicates, reports bad chunks so they are sent again, and checks the whole
+file's sha256 at the end. When nothing arrives for `stall_s` it asks again without a resend (chunks may
+just be slow on a thin link: QoS 1 and the session keep them coming); after `resend_after_s` of silence,
+or when the connection comes back, it asks for everything missing to be sent again.
+Bytes are counted as they arrive: a report carries what its round downloaded (payload and MQTT framing).
+One thread uses a link at a time; messages are received on the wire's thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from edgefl.errors import ArtifactError, ReportRejected, TransportError
+from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest, TensorEntry
+from edgefl.messages import DeviceReport
+from edgefl.transport import envelopes, topics
+from edgefl.transport.chunks import CHUNK_SIZE, ChunkManifest
+from edgefl.transport.envelopes import Assignment
+from edgefl.transport.tensors import pack, unpack
+from edgefl.transport.wire import Traffic, Wire, log
+from edgefl.device_runtime.cache import ArtifactCache
+
+_CLOSED, _RECONNECTED = "closed", "reconnected"
+
+
+@dataclass
+class FetchStats:
+    chunks_accepted: int = 0
+    duplicate_chunks: int = 0      # already held: ignored
+    corrupt_chunks: int = 0        # sha256 mismatch: asked for again
+    stale_chunks: int = 0          # arrived while no fetch wanted them (e.g. redelivered after a restart)
+    wants: int = 0                 # requests sent (first ask, stalls, reconnects, whole-file mismatches)
+    resend_wants: int = 0          # of which asked to send again what was in flight
+
+
+class DeviceLink:
+    def __init__(self, wire: Wire, device_id: str, cache_dir: str | Path, *, stall_s: float = 5.0,
+                 resend_after_s: float = 60.0):
+        self.device_id = topics.check_device_id(device_id)
+        self.wire, self.cache = wire, ArtifactCache(cache_dir)
+        self.stall_s, self.resend_after_s = stall_s, resend_after_s
+        self.stats = FetchStats()
+        self.broadcast: Optional[dict] = None
+        self._assignments: queue.Queue = queue.Queue()
+        self._marks: dict[int, Traffic] = {}          # round -> bytes received before its instruction
+        self._lock = threading.Lock()
+        self._fetching: Optional[str] = None
+        self._inbox: queue.Queue = queue.Queue()
+        self._profile: Optional[dict] = None
+        self._closed = False
+        wire.on_message(self._on_message)
+        wire.on_reconnect(self._on_reconnect)
+        wire.subscribe(topics.device_filters(device_id))
+
+    # ------------------------------------------------------------------------------ presence
+    def announce(self, profile: Mapping[str, Any]) -> None:
+        """Tell the coordinator this device is online and what it offers (retained; renewed on reconnect)."""
+        self._profile = dict(profile)
+        self.wire.publish(topics.presence(self.device_id), envelopes.presence(True, self.device_id, self._profile),
+                          retain=True)
+
+    def _on_reconnect(self) -> None:
+        if self._profile is not None:   # the will marked this device offline meanwhile
+            self.announce(self._profile)
+        self._inbox.put((_RECONNECTED, None, None))
+
+    # ---------------------------------------------------------------------------- instructions
+    def next_instruction(self, timeout_s: Optional[float] = None) -> Optional[Assignment]:
+        """The next instruction (in arrival order), or None if none comes within `timeout_s`."""
+        self._check_open()
+        try:
+            item = self._assignments.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if item == _CLOSED:
+            raise TransportError(f"{self.device_id}: the link was closed")
+        return item
+
+    def weights(self, assignment: Assignment, timeout_s: Optional[float] = None) -> dict[str, np.ndarray]:
+        """The tensors the instruction starts from, by global name, each in its own dtype."""
+        blob = assignment.weights
+        if blob is None:
+            return {}
+        path = self.fetch(blob.artifact, timeout_s)
+        buffer = path.read_bytes()
+        path.unlink()                    # weights are used once; the cache keeps what is reused
+        try:
+            if len(buffer) != blob.bytes:
+                raise ReportRejected(f"{len(buffer)} bytes, the instruction says {blob.bytes}")
+            return unpack(buffer, blob.order)
+        except ReportRejected as exc:
+            raise ArtifactError(f"weights of round {assignment.instruction.round}: {exc}") from None
+
+    # ------------------------------------------------------------------------------ artifacts
+    def fetch(self, artifact: str, timeout_s: Optional[float] = None,
+              progress: Optional[Callable[[int, int], None]] = None) -> Path:
+        """The verified file of `artifact` (its sha256), from the cache or fetched (and resumed) from the
+        coordinator. `progress(chunks held, chunk count)` is called after each new chunk."""
+        self._check_open()
+        if (path := self.cache.get(artifact)) is not None:
+            return path
+        if artifact == hashlib.sha256(b"").hexdigest():
+            return self.cache.put(b"")
+        part = self.cache.partial(artifact)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._lock:
+            self._fetching, self._inbox = artifact, queue.Queue()
+        try:
+            self._want(part, resend=True)
+            heard, dropped = time.monotonic(), False
+            while True:
+                if part.complete:
+                    if (path := part.finish()) is not None:
+                        return path
+                    self._want(part, resend=True)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    held = f"{len(part.held)}/{part.manifest.count} chunks" if part.manifest else "no manifest"
+                    raise TransportError(f"{self.device_id}: artifact {artifact[:12]} not complete after "
+                                         f"{timeout_s:g} s ({held}); is the coordinator running? A later fetch resumes")
+                try:
+                    kind, seq, data = self._inbox.get(timeout=self.stall_s if remaining is None
+                                                      else min(self.stall_s, remaining))
+                except queue.Empty:
+                    lost = dropped or time.monotonic() - heard >= self.resend_after_s
+                    self._want(part, resend=lost)
+                    heard, dropped = (time.monotonic(), False) if lost else (heard, dropped)
+                    continue
+                heard = time.monotonic()
+                if kind == _CLOSED or self._closed:
+                    raise TransportError(f"{self.device_id}: the link was closed while fetching {artifact[:12]}; "
+                                         "a later fetch resumes")
+                if kind == _RECONNECTED:
+                    self._want(part, resend=True)
+                elif kind == "manifest":
+                    self._on_manifest(part, data)
+                elif part.manifest is None:         # a chunk before its manifest: the next ask resends it
+                    dropped = True
+                else:
+                    self._on_chunk(part, seq, data, progress)
+        finally:
+            with self._lock:
+                self._fetching = None
+
+    def fetch_artifact(self, artifact: str, timeout_s: Optional[float] = None, into: Optional[Path] = None) -> Path:
+        """An exported artifact folder from its manifest's id (`WireTransport.ship_artifact`): the manifest,
+        every file it names (each fetched by its sha256, so only what the cache lacks travels) and, for a
+        suffix, its prefix in `prefix/`: a folder `edgefl.manifest.ArtifactSet.open` reads. `timeout_s` is
+        per file."""
+        folder = into or self.cache.folder / "artifacts" / artifact
+        source = self.fetch(artifact, timeout_s)
+        try:
+            manifest = Manifest.from_json(json.loads(source.read_bytes()), f"artifact {artifact[:12]}")
+        except ValueError:
+            raise ArtifactError(f"artifact {artifact[:12]}: not a manifest.json") from None
+        for f in manifest.files:
+            if Path(f.name).is_absolute() or ".." in Path(f.name).parts:
+                raise ArtifactError(f"artifact {artifact[:12]}: file name {f.name!r} leaves the artifact folder")
+            _place(self.fetch(f.sha256, timeout_s), folder / f.name)
+        if manifest.prefix_id is not None:
+            self.fetch_artifact(manifest.prefix_id, timeout_s, folder / PREFIX_DIR)
+        _place(source, folder / MANIFEST)
+        return folder
+
+    def _want(self, part, resend: bool) -> None:
+        self.stats.wants += 1
+        self.stats.resend_wants += resend
+        known = part.manifest is not None
+        self.wire.publish(topics.ack(self.device_id), envelopes.want(
+            part.id, part.manifest.chunk_size if known else None, part.missing() if known else None, resend))
+
+    def _on_manifest(self, part, payload: bytes) -> None:
+        d = envelopes.loads(payload, f"artifact {part.id[:12]}: manifest")
+        if d.get("restart"):
+            part.discard()
+            self._want(part, resend=True)
+            return
+        if "error" in d:
+            raise ArtifactError(f"{self.device_id}: the coordinator refused artifact {part.id[:12]}: {d['error']}")
+        manifest = ChunkManifest.from_json(d, part.id)
+        if part.manifest != manifest:
+            part.start(manifest)
+
+    def _on_chunk(self, part, seq: int, data: bytes, progress) -> None:
+        verdict = part.accept(seq, data)
+        if verdict == "bad":
+            self.stats.corrupt_chunks += 1
+            self.wire.publish(topics.ack(self.device_id), envelopes.bad(part.id, seq))
+            return
+        if verdict == "dup":
+            self.stats.duplicate_chunks += 1
+        else:
+            self.stats.chunks_accepted += 1
+        self.wire.publish(topics.ack(self.device_id), envelopes.got(part.id, seq))
+        if verdict == "ok" and progress is not None:
+            progress(len(part.held), part.manifest.count)
+
+    # --------------------------------------------------------------------------------- report
+    def report(self, report: DeviceReport, order: Optional[Sequence[TensorEntry]] = None,
+               timeout_s: float = 60.0) -> Traffic:
+        """Upload a report: its tensors as one flat float32 buffer in `order` (the suffix manifest's
+        trainable order; the mapping's order when None), in chunks, then the meta message. Returns once
+        the broker has acknowledged all of it, with what was sent."""
+        self._check_open()
+        buffer, order = pack(report.tensors, order)
+        size = min(CHUNK_SIZE, self.wire.max_packet_size - 1024)
+        mark = self._marks.pop(report.round, None)
+        download = self.wire.received.since(mark) if mark is not None else Traffic()
+        meta = envelopes.upload_meta(report, order, len(buffer), hashlib.sha256(buffer).hexdigest(),
+                                     -(-len(buffer) // size), download.to_json())
+        meta_topic = topics.result_meta(self.device_id, report.round)
+        self.wire.check(meta_topic, len(meta))       # refuse before any part of it is out
+        before = self.wire.sent.copy()
+        for seq, start in enumerate(range(0, len(buffer), size)):
+            self.wire.publish(topics.result_chunk(self.device_id, report.round, seq), buffer[start:start + size])
+        self.wire.publish(meta_topic, meta)
+        if not self.wire.flush(timeout_s):
+            raise TransportError(f"{self.device_id}: the broker did not acknowledge the round-{report.round} report "
+                                 f"within {timeout_s:g} s")
+        return self.wire.sent.since(before)
+
+    # ----------------------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Say offline (if announced) and disconnect cleanly; the session stays for the next connection."""
+        if self._closed:
+            return
+        if self._profile is not None and self.wire.connected:
+            self.wire.publish(topics.presence(self.device_id), envelopes.presence(False, self.device_id), retain=True)
+        self._end(self.wire.close)
+
+    def abort(self) -> None:
+        """Drop the connection as a crash would (the broker publishes the will)."""
+        self._end(self.wire.abort)
+
+    def _end(self, how: Callable[[], None]) -> None:
+        self._closed = True
+        how()
+        self._assignments.put(_CLOSED)
+        self._inbox.put((_CLOSED, None, None))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError(f"{self.device_id}: the link is closed; open a new one")
+
+    # --------------------------------------------------------------------- receive thread
+    def _on_message(self, topic: str, payload: bytes, wire_bytes: int) -> None:
+        t = topics.parse(topic)
+        if t is None:
+            return
+        if t.kind == "instr":
+            try:
+                assignment = Assignment.loads(payload)
+            except TransportError as exc:
+                log.warning("%s: dropped an instruction: %s", self.device_id, exc)
+                return
+            if assignment.instruction.device_id != self.device_id:
+                log.warning("%s: dropped an instruction addressed to %s", self.device_id,
+                            assignment.instruction.device_id)
+                return
+            before = self.wire.received.since(Traffic(1, len(payload), wire_bytes))
+            self._marks[assignment.instruction.round] = before
+            self._assignments.put(assignment)
+        elif t.kind in ("manifest", "chunk"):
+            with self._lock:
+                wanted = self._fetching == t.sha
+                if wanted:
+                    self._inbox.put((t.kind, t.seq, payload))
+            if not wanted:
+                self.stats.stale_chunks += t.kind == "chunk"
+        elif t.kind == "broadcast":
+            try:
+                self.broadcast = envelopes.loads(payload, "broadcast")
+            except TransportError:
+                pass
+
+
+def _place(cached: Path, dest: Path) -> None:
+    """Put a cached file at `dest`: a hard link (no copy; a change to it shows in the cache's hash check)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        if dest.samefile(cached):
+            return
+        dest.unlink()
+    try:
+        os.link(cached, dest)
+    except OSError:
+        shutil.copyfile(cached, dest)

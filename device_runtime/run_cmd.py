@@ -1,0 +1,86 @@
+"""`edgefl-device run --id ID --broker URL ...` (also `edgefl-device --id ID ...`): join a coordinator and
+train what it sends until stopped (SIGTERM / Ctrl-C) or `--rounds` rounds are done."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from edgefl.errors import ConfigError
+from edgefl.units import parse_bytes
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="join a coordinator over MQTT and train what it sends")
+    p.add_argument("--id", required=True, help="this device's id (its login name on the broker)")
+    p.add_argument("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    p.add_argument("--credentials", type=Path, help="this device's login file {username, password}")
+    p.add_argument("--ca-file", type=Path, help="the broker's CA certificate (mqtts)")
+    p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
+    p.add_argument("--runtime", required=True, choices=("ort", "executorch", "torch"))
+    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device",
+                   help="sha256-addressed artifact cache")
+    p.add_argument("--memory", help="peak training memory this device grants, e.g. 180MiB (default: the "
+                                    "--profile's budget; instructions predicted above it are refused)")
+    p.add_argument("--profile", help="hardware profile name (hardware/profiles): default memory and power")
+    p.add_argument("--energy", default="auto", help="auto | rapl | ina219 | battery | profile")
+    p.add_argument("--i2c-bus", type=int, help="I2C bus of an INA219 power monitor (1 on a Raspberry Pi)")
+    p.add_argument("--power", help="active power for the energy estimate when no sensor is present, e.g. 3W")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, help="stop after this many rounds (default: serve until stopped)")
+
+
+def _device_facts(args) -> tuple[int | None, float]:
+    """(memory budget bytes, active power W) from --memory/--power, else the profile, else none/1 core's worth."""
+    from edgefl.hardware.profiles import load_profile
+    from edgefl.units import parse_watts
+
+    profile = load_profile(args.profile) if args.profile else None
+    memory = parse_bytes(args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
+    if args.power:
+        power = parse_watts(args.power)
+    elif profile:
+        power = profile.power_active_w
+    else:
+        power = 0.0   # fine with a sensor; without one select_meter asks for --power or --profile
+    return memory, power
+
+
+def run(args: argparse.Namespace) -> int:
+    from edgefl.device_runtime.agent import DeviceAgent
+    from edgefl.device_runtime.mqtt_link import MqttLink
+    from edgefl.hardware.energy import select_meter
+
+    if not args.data.exists():
+        raise ConfigError(f"--data {args.data}: not found; give a folder with x.npy and y.npy or an .npz "
+                          "(write one with 'edgefl data export')")
+    memory, power = _device_facts(args)
+    def meter():
+        return select_meter(args.energy, power_active_w=power, i2c_bus=args.i2c_bus)
+
+    meter()   # a missing sensor or power figure fails now, not in the middle of a round
+
+    link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
+    agent = DeviceAgent(link, args.id, args.data, args.runtime, memory_bytes=memory, meter=meter,
+                        threads=args.threads, log=lambda line: print(f"{args.id}: {line}", flush=True))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    link.announce(agent.profile({"profile": args.profile, "power_w": power}))
+    print(f"{args.id}: online at {args.broker}, runtime {args.runtime}"
+          + (f", memory {memory} B" if memory else ""), flush=True)
+    try:
+        agent.serve(stop, args.rounds)
+    finally:
+        link.close()
+    return 0
+
+
+def main_argv(argv: list[str]) -> list[str]:
+    """`edgefl-device --id ...` means `edgefl-device run --id ...`."""
+    if argv and argv[0].startswith("--") and argv[0] not in ("-h", "--help"):
+        return ["run", *argv]
+    return argv
+
+

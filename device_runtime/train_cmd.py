@@ -1,0 +1,169 @@
+"""`edgefl-device train`: train one artifact set on local data, no coordinator (what an operator runs first
+on a freshly flashed device), and report loss before and after, trained-tensor bytes, peak RSS, time.
+
+The training runs in a fresh child process so its peak RSS (VmHWM) is the training's own, measured under
+the allocator policy the cost model is calibrated for: glibc's mmap threshold fixed at 128 KiB through
+MALLOC_MMAP_THRESHOLD_ in the child's environment (read by glibc at start; edgefl.measure documents why).
+For the ort runtime the child blocks torch from import, so nothing can pull it in unseen.
+
+Data: a folder holding x.npy and y.npy, or an .npz holding arrays x and y (`edgefl data export` writes
+one client's share). Loss before/after is the eval-mode loss on the first `--eval-examples` examples.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgefl.errors import ConfigError, EdgeflError
+
+MMAP_THRESHOLD = 128 * 1024     # the same policy as edgefl.measure.MMAP_THRESHOLD (a test checks they agree)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train one artifact set on local data and report what it cost")
+    p.add_argument("--artifacts", required=True, type=Path, help="artifact set folder (holds manifest.json)")
+    p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--runtime", choices=("ort", "executorch", "torch"), help="default: the artifact's backend")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--eval-examples", type=int, default=256,
+                   help="examples the loss before/after is measured on (0: skip, peak RSS of training alone)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def load_data(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        if path.is_dir():
+            x, y = np.load(path / "x.npy"), np.load(path / "y.npy")
+        else:
+            with np.load(path) as data:
+                if missing := [k for k in ("x", "y") if k not in data.files]:
+                    raise ConfigError(f"--data {path}: no array {missing[0]!r}; the .npz must hold arrays x and y")
+                x, y = data["x"], data["y"]
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--data {path}: {Path(exc.filename).name if exc.filename else path} not found; give a "
+                          "folder with x.npy and y.npy or an .npz (write one with 'edgefl data export')") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--data {path}: not numpy data ({exc})") from None
+    if len(x) == 0 or len(y) % len(x):
+        raise ConfigError(f"--data {path}: x has {len(x)} examples and y {len(y)} targets; y needs a whole number "
+                          "of targets per example")
+    return x, np.asarray(y, np.int64)
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def train(args: argparse.Namespace) -> dict:
+    """The child's work: load, evaluate, train `steps` steps, evaluate; what it measured."""
+    from edgefl.device_runtime.trainers.base import open_trainer
+
+    t0 = time.perf_counter()
+    x, y = load_data(args.data)
+    trainer = open_trainer(args.artifacts, args.runtime, threads=args.threads)
+    m = trainer.manifest
+    in_shape = next((tuple(i.shape[1:]) for i in (trainer.artifacts.prefix or m).inputs[:1]), None)
+    if in_shape is not None and tuple(x.shape[1:]) != in_shape:
+        raise ConfigError(f"--data {args.data}: examples of shape {tuple(x.shape[1:])}, the artifact takes "
+                          f"{in_shape}; export data for this model")
+    x = x.astype((trainer.artifacts.prefix or m).inputs[0].dtype, copy=False)
+    loaded_rss = _status("VmRSS")
+    n = min(len(x), args.eval_examples)
+    rows = len(y) // len(x)
+    skipped = {"loss": None, "accuracy": None}
+    before = trainer.evaluate(x[:n], y[: n * rows]) if n else skipped
+    t1 = time.perf_counter()
+    losses = trainer.fit(x, y, args.lr, args.steps, args.seed)
+    step_s = (time.perf_counter() - t1) / max(args.steps, 1)
+    after = trainer.evaluate(x[:n], y[: n * rows]) if n else skipped
+    return {"runtime": trainer.runtime, "config_hash": m.config_hash, "artifact_id": m.id, "steps": len(losses),
+            "batch_size": m.batch_size, "lr": args.lr, "examples": len(x),
+            "loss_before": before["loss"], "loss_after": after["loss"],
+            "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
+            "first_step_loss": losses[0] if losses else None, "last_step_loss": losses[-1] if losses else None,
+            "trained_tensor_bytes": int(trainer.upload_buffer().nbytes),
+            "peak_rss_bytes": _status("VmHWM"), "loaded_rss_bytes": loaded_rss,
+            "predicted_peak_bytes": (m.predicted or {}).get("peak_memory_bytes"),
+            "step_seconds": step_s, "wall_seconds": time.perf_counter() - t0, "threads": args.threads,
+            "mmap_threshold": int(os.environ.get("MALLOC_MMAP_THRESHOLD_", 0)) or None,
+            "torch_loaded": "torch" in sys.modules and sys.modules["torch"] is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the child, relay its one-line error or print its report."""
+    import subprocess
+
+    if args.steps < 1 or args.eval_examples < 0 or args.threads < 1:
+        raise ConfigError(f"--steps and --threads must be >= 1 and --eval-examples >= 0 (got {args.steps}, "
+                          f"{args.threads}, {args.eval_examples})")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    argv = [str(a) for a in ("--artifacts", args.artifacts, "--data", args.data, "--steps", args.steps, "--lr", args.lr,
+                             "--seed", args.seed, "--threads", args.threads, "--eval-examples", args.eval_examples)]
+    if args.runtime:
+        argv += ["--runtime", args.runtime]
+    proc = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.train_cmd", *argv], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        if proc.returncode == 2 and lines:
+            raise EdgeflError(lines[-1].removeprefix("edgefl-device: error: "))
+        raise RuntimeError(f"the training process failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def print_report(r: dict) -> None:
+    from edgefl.units import format_bytes
+
+    rows = [("runtime", r["runtime"]), ("config", r["config_hash"]), ("steps", f"{r['steps']} x batch {r['batch_size']}"),
+            ("loss", f"{r['loss_before']:.4f} -> {r['loss_after']:.4f}" if r["loss_before"] is not None
+             else f"first step {r['first_step_loss']:.4f}, last step {r['last_step_loss']:.4f}"),
+            ("accuracy", f"{r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f}" if r["accuracy_before"] is not None
+             else "not measured"),
+            ("trained tensors", format_bytes(r["trained_tensor_bytes"])),
+            ("peak RSS", format_bytes(r["peak_rss_bytes"]) + (f" (predicted {format_bytes(r['predicted_peak_bytes'])})"
+                                                              if r.get("predicted_peak_bytes") else "")),
+            ("step time", f"{r['step_seconds'] * 1e3:.1f} ms"), ("wall time", f"{r['wall_seconds']:.2f} s")]
+    for key, value in rows:
+        print(f"{key:16} {value}")
+
+
+def _child(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="edgefl-device train")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", *argv])
+    if args.runtime == "ort" or (args.runtime is None and _backend(args.artifacts) == "ort"):
+        sys.modules["torch"] = None  # type: ignore[assignment]  # the ort device path runs without torch
+    try:
+        report = train(args)
+    except EdgeflError as exc:
+        print(f"edgefl-device: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
+
+
+def _backend(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "manifest.json").read_text()).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None   # open_trainer reports it properly
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))

@@ -1,0 +1,151 @@
+"""The artifact Trainer contract: train an exported artifact set (edgefl.manifest.ArtifactSet) on numpy
+batches. numpy in, numpy out; importing this module imports no runtime.
+
+A trainer is constructed from a verified `ArtifactSet` (suffix folder + manifest, prefix folder +
+manifest when layers are frozen) and implements:
+
+* `prefix_features(x)`: the boundary state as a tuple of arrays, through the prefix's inference graph
+  (x itself, as a 1-tuple, when nothing is frozen), `manifest.prefix_batch` samples at a time where it is
+  set (`in_chunks`): the cost model prices the prefix's working set at that many samples;
+* `train_step(x, y, lr)`: one step on one batch of model inputs x and flat int64 targets y (one per
+  logit row: (N,) for a classifier, (N*T,) for a language model; -100 is ignored): prefix, then the
+  suffix's forward, backward and optimizer step (manifest `optimizer`, torch.optim semantics) with BN
+  statistics and batch counters updated as torch's train mode does. Returns the loss before the update;
+* `eval_batch(x, y)`: (mean loss, logits) of one batch in eval mode (BN running statistics), no update;
+* `trained_tensors()`: every tensor of manifest `trainable` as {global name: array} in manifest order.
+
+`evaluate` and `fit` are shared here. Trainers register by runtime name (the manifest's `backend`);
+`open_trainer(folder)` reads, verifies and loads one.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar, Optional
+
+import numpy as np
+
+from edgefl.errors import ArtifactError, ConfigError, MissingDependencyError
+from edgefl.manifest import ArtifactSet, flatten
+
+IGNORE_INDEX = -100
+
+# runtime -> (module, class, pip extra, module the runtime needs)
+_TRAINERS: dict[str, tuple[str, str, str, str]] = {
+    "ort": ("edgefl.device_runtime.trainers.ort_trainer", "OrtTrainer", "ort", "onnxruntime"),
+    "executorch": ("edgefl.device_runtime.trainers.executorch_trainer", "ExecuTorchTrainer", "executorch",
+                   "executorch"),
+    "torch": ("edgefl.device_runtime.trainers.torch_artifact_trainer", "TorchArtifactTrainer", "torch", "torch"),
+}
+
+
+def trainer_names() -> list[str]:
+    return list(_TRAINERS)
+
+
+def register_trainer(runtime: str, module: str, cls: str, extra: str, needs: str) -> None:
+    _TRAINERS[runtime] = (module, cls, extra, needs)
+
+
+def trainer_class(runtime: str) -> type["ArtifactTrainer"]:
+    if runtime not in _TRAINERS:
+        raise ConfigError(f"--runtime: unknown runtime {runtime!r}; choose one of: {', '.join(_TRAINERS)}")
+    module, cls, extra, needs = _TRAINERS[runtime]
+    if importlib.util.find_spec(needs) is None:   # found, not imported: the trainer imports it its own way
+        raise MissingDependencyError(f"{needs} is not installed; install it with: pip install 'edgefl[{extra}]'")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise ConfigError(f"--runtime {runtime}: this installation of edgefl has no {runtime} trainer ({module})") from None
+
+
+def open_trainer(folder: str | Path, runtime: Optional[str] = None, threads: int = 1) -> "ArtifactTrainer":
+    """Verify the artifact set in `folder` and load it into the trainer of its backend (`runtime`, if
+    given, must agree with it)."""
+    artifacts = ArtifactSet.open(folder)
+    if runtime is not None and runtime != artifacts.runtime:
+        raise ConfigError(f"--runtime {runtime}: {Path(folder) / 'manifest.json'} was exported for "
+                          f"{artifacts.runtime}; train it with --runtime {artifacts.runtime} or export it again "
+                          f"with --backend {runtime}")
+    return trainer_class(artifacts.runtime)(artifacts, threads=threads)
+
+
+def in_chunks(run, x: np.ndarray, chunk: int) -> tuple[np.ndarray, ...]:
+    """`run` (an inference graph: rows independent) over `x` in chunks of `chunk` rows, outputs joined:
+    only one chunk's activations are alive at a time."""
+    parts = [run(x[i:i + chunk]) for i in range(0, len(x), chunk)]
+    return tuple(np.concatenate(outs) for outs in zip(*parts, strict=True))
+
+
+class ArtifactTrainer(ABC):
+    runtime: ClassVar[str]
+
+    def __init__(self, artifacts: ArtifactSet, threads: int = 1):
+        if artifacts.runtime != self.runtime:
+            raise ArtifactError(f"{artifacts.folder / 'manifest.json'}: exported for {artifacts.runtime}, "
+                                f"not {self.runtime}")
+        self.artifacts, self.manifest, self.threads = artifacts, artifacts.suffix, threads
+        self.steps = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.manifest.batch_size
+
+    @abstractmethod
+    def prefix_features(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        ...
+
+    @abstractmethod
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        ...
+
+    @abstractmethod
+    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+        ...
+
+    @abstractmethod
+    def trained_tensors(self) -> dict[str, np.ndarray]:
+        ...
+
+    def upload_buffer(self) -> np.ndarray:
+        """The flat float32 upload buffer (manifest order)."""
+        return flatten(self.manifest.trainable, self.trained_tensors())
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict:
+        """Mean cross-entropy over the non-ignored targets and their accuracy, in batches of the manifest's
+        batch size (eval mode, no update)."""
+        y = np.asarray(y, np.int64).reshape(-1)
+        rows_per_sample = len(y) // max(len(x), 1)
+        loss, correct, count = 0.0, 0, 0
+        for start in range(0, len(x), self.batch_size):
+            xb = x[start:start + self.batch_size]
+            yb = y[start * rows_per_sample:(start + len(xb)) * rows_per_sample]
+            mean, logits = self.eval_batch(xb, yb)
+            valid = yb != IGNORE_INDEX
+            n = int(valid.sum())
+            loss += float(mean) * n
+            correct += int((np.asarray(logits).argmax(-1)[valid] == yb[valid]).sum())
+            count += n
+        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "examples": len(x)}
+
+    def fit(self, x: np.ndarray, y: np.ndarray, lr: float, steps: int, seed: int = 0) -> list[float]:
+        """`steps` training steps on batches of the manifest's batch size drawn without replacement from a
+        seeded permutation (a new one each pass; a pass's remainder smaller than a batch is skipped)."""
+        rows = len(np.asarray(y).reshape(-1)) // max(len(x), 1)
+        y = np.asarray(y, np.int64).reshape(len(x), rows)
+        rng = np.random.default_rng(seed)
+        batch = min(self.batch_size, len(x))
+        losses: list[float] = []
+        order = rng.permutation(len(x))
+        start = 0
+        while len(losses) < steps:
+            if start + batch > len(order):
+                order, start = rng.permutation(len(x)), 0
+            idx = np.sort(order[start:start + batch])
+            start += batch
+            losses.append(self.train_step(x[idx], y[idx].reshape(-1), lr))
+        return losses

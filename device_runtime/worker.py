@@ -1,0 +1,72 @@
+"""The training process of one round: load an artifact set, train it on the device's data, write the trained
+tensors, print what it measured. Started fresh for every round by the agent (`edgefl.device_runtime.child`),
+so its peak RSS (VmHWM) is the training's own and nothing of a previous round stays resident.
+
+Local training matches the emulation's torch Trainer (edgefl.device_runtime.trainers.torch_trainer) batch
+for batch, so a run served to devices and the same run emulated reach the same weights: `local_epochs`
+passes, each over a fresh permutation from numpy's default_rng(seed) in batches of the manifest's batch
+size, the last batch of a pass the remainder.
+
+    python -m edgefl.device_runtime.worker '{"artifacts": DIR, "data": PATH, "lr": 0.05, "seed": 7,
+                                              "epochs": 1, "threads": 1, "out": FILE.npy}'
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def vm_status(field: str) -> int:
+    """A /proc/self/status memory field (VmHWM, VmRSS) in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def train(spec: dict) -> dict:
+    from edgefl.device_runtime.train_cmd import load_data
+    from edgefl.device_runtime.trainers.base import open_trainer
+
+    t0 = time.perf_counter()
+    x, y = load_data(Path(spec["data"]))
+    trainer = open_trainer(spec["artifacts"], spec.get("runtime"), threads=spec.get("threads", 1))
+    first_input = (trainer.artifacts.prefix or trainer.manifest).inputs[0]
+    x = x.astype(first_input.dtype, copy=False)
+    rows = len(y) // len(x)
+    y = np.asarray(y, np.int64).reshape(len(x), rows)
+    rng = np.random.default_rng(spec["seed"])
+    losses = []
+    for _ in range(spec.get("epochs", 1)):
+        order = rng.permutation(len(x))
+        for start in range(0, len(x), trainer.batch_size):
+            idx = order[start:start + trainer.batch_size]
+            losses.append(float(trainer.train_step(x[idx], y[idx].reshape(-1), spec["lr"])))
+    buffer = trainer.upload_buffer()
+    np.save(spec["out"], buffer)
+    return {"runtime": trainer.runtime, "steps": len(losses), "examples": len(x),
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "upload_bytes": int(buffer.nbytes), "peak_rss_bytes": vm_status("VmHWM"),
+            "wall_s": time.perf_counter() - t0,
+            "torch_loaded": sys.modules.get("torch") is not None}
+
+
+def main(argv: list[str]) -> int:
+    from edgefl.errors import EdgeflError
+
+    spec = json.loads(argv[0])
+    if spec.get("runtime") == "ort":
+        sys.modules["torch"] = None  # type: ignore[assignment]  # the ort device path never loads torch
+    try:
+        result = train(spec)
+    except EdgeflError as exc:
+        print(f"edgefl-device: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""Deployment: the coordinator's round loop driving real devices over MQTT.
+
+It lives with the CLI because it wires the export room into the core. Not a second system: the same
+Coordinator, strategy and aggregation as `edgefl emulate`, the same global model (`TorchServerModel`,
+seeded the same way); what differs is what an instruction carries. Instead of tensors, a device gets the
+artifact set of its config for its runtime, filled with its slice of the current global weights:
+
+* a set is exported once per (config, runtime, index sets) and only has its weights rewritten in later
+  rounds (`edgefl.export.refresh_weights`), once per round however many devices train it;
+* shipping it (`WireTransport.ship_artifact`) offers the manifest and every file by sha256: a device
+  fetches only what its cache lacks, so unchanged graphs and an unchanged frozen prefix never travel twice;
+* the instruction carries the set's id and the cost model's predicted peak, which the device checks
+  against the memory it declared before it trains.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+from edgefl.cli.emulation import TorchServerModel
+from edgefl.coordinator import Delivery
+from edgefl.errors import ConfigError
+from edgefl.fleet import Fleet, Group
+from edgefl.messages import RoundInstruction
+from edgefl.plan import Plan
+
+SET_ROLE = "set"     # edgefl.device_runtime.agent.SET_ROLE: the role of a suffix set in an instruction
+
+
+def fleet_of(plan: Plan, fleet: Optional[Fleet] = None) -> Fleet:
+    """The fleet a plan was made for: `fleet` when given (its groups must match the plan's), else one
+    rebuilt from the plan with device names generated as a fleet file's `count: N` generates them."""
+    if fleet is not None:
+        if missing := sorted(set(plan.groups) - {g.name for g in fleet.groups}):
+            raise ConfigError(f"--devices: the plan has group {missing[0]!r}, the fleet file does not; pass the "
+                              "fleet file the plan was made from")
+        return fleet
+    groups = []
+    for name, g in plan.groups.items():
+        ids = tuple(f"{name}-{i:0{len(str(g.count))}d}" for i in range(g.count))
+        groups.append(Group(name, ids, g.memory_budget_bytes, g.upload_budget_bytes, g.flops_budget, g.runtime,
+                            g.examples, None))
+    return Fleet(name="plan", groups=tuple(groups))
+
+
+def check_deployable(plan: Plan) -> None:
+    """Artifacts train one model on cross-entropy, one config per round: methods whose devices train block
+    sequences, exits or distilling copies run in the emulation only."""
+    for name, g in plan.groups.items():
+        for step in g.steps:
+            config = step.config
+            if step.sequence or getattr(config, "exits", ()) or getattr(config, "copies", 1) > 1 or "mutual-distillation" in g.flags:
+                raise ConfigError(f"plan group {name!r} ({plan.method}) trains block sequences, exit heads or "
+                                  "distilling copies, which exported artifacts do not run yet; emulate this method "
+                                  "with 'edgefl emulate', or plan another one for devices")
+
+
+class ArtifactShipper:
+    """Artifact sets under `root`, per (config, runtime, index sets), refreshed once per weights version."""
+
+    def __init__(self, root: Path, backend_for: Callable[[str], object]):
+        from edgefl.export.pipeline import PrefixCache
+
+        self.root = Path(root)
+        self.backend_for = backend_for
+        self.prefixes = PrefixCache(self.root / ".prefixes")
+        self._version: dict[Path, int] = {}
+
+    def prepare(self, ref, config, indices, runtime: str, state: Mapping, weights_version: int) -> Path:
+        from edgefl.export.pipeline import export_set, refresh_weights
+        from edgefl.manifest import ArtifactSet
+
+        # devices with the same config share a set unless their channel index sets differ (Federated
+        # Dropout's random sets, FedRolex's rolling window): the set holds the device's slice of the weights
+        tag = hashlib.sha256(repr((indices.widths, sorted(indices.kept.items()))).encode()).hexdigest()[:10]
+        folder = self.root / f"{config.hash()}-{runtime}-{tag}"
+        backend = self.backend_for(runtime)
+        if folder not in self._version:
+            if (folder / "manifest.json").exists():
+                self._version[folder] = ArtifactSet.open(folder).suffix.weights_version
+            else:
+                export_set(ref, config, state, backend, folder, indices=indices, weights_version=weights_version,
+                           cache=self.prefixes)
+                self._version[folder] = weights_version
+        if self._version[folder] != weights_version:
+            refresh_weights(folder, state, backend, indices=indices, weights_version=weights_version,
+                            cache=self.prefixes)
+            self._version[folder] = weights_version
+        return folder
+
+
+class DeployedServerModel(TorchServerModel):
+    """The global model of a served run: as in emulation, but each delivery is an artifact set shipped to
+    the device (its id in `Delivery.artifacts`) instead of tensors."""
+
+    def __init__(self, *args, shipper: ArtifactShipper, ship: Callable[[str, Path], str],
+                 runtime_of: Mapping[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shipper, self.ship, self.runtime_of = shipper, ship, dict(runtime_of)
+
+    def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
+        delivery = super().weights_for(instruction, device_seed)
+        parts, _ = delivery.handle
+        (config, indices), = parts          # check_deployable: one config per instruction
+        folder = self.shipper.prepare(self.ref, config, indices, self.runtime_of[instruction.device_id], self.state,
+                                      instruction.weights_version)
+        from edgefl.manifest import ArtifactSet
+
+        predicted = ArtifactSet.open(folder, verify=False).suffix.predicted or {}
+        delivery.artifacts = {SET_ROLE: self.ship(instruction.device_id, folder)}
+        delivery.weights = {}
+        if "peak_memory_bytes" in predicted:
+            delivery.options["predicted_peak_bytes"] = predicted["peak_memory_bytes"]
+        return delivery

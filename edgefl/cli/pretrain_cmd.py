@@ -1,0 +1,52 @@
+"""`edgefl pretrain`: the CAFF set of pretrained tiny language models (edgefl.pretrain), one folder per depth."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def pretrain(
+    output: Path = typer.Option(..., "-o", "--output", help="folder for layers-<l>/{weights.pt,config.json}"),
+    layers: str = typer.Option("3,6,9,12", "--layers", help="depths to pretrain (CAFF: 3,6,9,12)"),
+    steps: int = typer.Option(200, "--steps", min=1, help="optimizer steps per model"),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    lr: float = typer.Option(2e-3, "--lr", min=0.0, help="peak AdamW learning rate (decays to a tenth)"),
+    lr_final: Optional[float] = typer.Option(None, "--lr-final", min=0.0),
+    context: int = typer.Option(80, "--context", min=2, help="window length (the Shakespeare clients' is 80)"),
+    embed: int = typer.Option(96, "--embed", min=1),
+    heads: int = typer.Option(3, "--heads", min=1),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+    data_root: Optional[Path] = typer.Option(None, "--data-root", help="where the shakespeare package data lives"),
+):
+    """Pretrain tiny causal transformers on the public-domain corpus, for 'edgefl emulate --pretrained'."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from edgefl.cli.main import stdout
+    from edgefl.cli.options import parse_int_list
+    from edgefl.data import pretrain_corpus
+    from edgefl.device_runtime.trainers.torch_trainer import resolve_device
+    from edgefl.errors import ConfigError
+    from edgefl.pretrain import PretrainSettings, pretrain as train_one, write
+
+    resolve_device(device)
+    if embed % heads:
+        raise ConfigError(f"--embed {embed} must be a multiple of --heads {heads}")
+    depths = parse_int_list(layers, "--layers")
+    settings = PretrainSettings(steps=steps, batch_size=batch_size, lr=lr, lr_final=lr_final, context=context,
+                                embed=embed, heads=heads, seed=seed, device=device)
+    corpus = pretrain_corpus(data_root)
+    stdout.print(f"corpus {corpus.name}: {len(corpus.tokens)} tokens, vocabulary {len(corpus.vocab)}, "
+                 f"{len(corpus.works)} works; {steps} steps of {batch_size} x {context} tokens per model")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
+                  console=stdout) as bar:
+        for depth in depths:
+            task = bar.add_task(f"{depth} layers", total=steps, loss="")
+            ref, state, summary = train_one(corpus, depth, settings,
+                                            lambda step, loss: bar.update(task, completed=step, loss=f"loss {loss:.3f}"))
+            folder = write(output, ref, state, corpus, settings, summary)
+            bar.update(task, loss=f"held-out loss {summary['held_out_loss']:.3f}")
+            stdout.print(f"{depth} layers: {summary['params']} parameters, train loss {summary['train_loss']:.3f}, "
+                         f"held-out loss {summary['held_out_loss']:.3f}, {summary['seconds']:.1f} s -> {folder}")

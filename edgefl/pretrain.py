@@ -1,0 +1,187 @@
+"""The CAFF set of pretrained tiny language models, on the public-domain corpus (imports torch).
+
+CAFF (sec. 4.1) pretrains causal transformers with l in {3, 6, 9, 12} blocks (embedding 96, 3 heads) with
+AdamW (betas 0.9 / 0.95, weight decay 0.1 on weight matrices) and a sinusoidal learning-rate decay to a
+tenth, then fine-tunes them federatedly; CAFF and the baselines (Heterogeneous LoRA, FedHM, ...) start from
+them. We train the same architectures on edgefl.data.pretrain_corpus (the poems and the plays kept out of
+the federated Shakespeare clients, same character vocabulary) for as many steps as a few CPU-minutes
+allow, after a short linear warm-up (a tenth of the steps, at most 100). A batch is `batch_size` random
+windows of `context` + 1 tokens; the loss is next-token cross-entropy at every position, as the torch
+trainer fine-tunes. The corpus's last `holdout` share is never trained on: the mean loss over (up to
+`eval_windows` of) its non-overlapping windows is the held-out loss.
+
+Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
+the model as a ModelRef, the vocabulary, the corpus, the settings, and the measured losses and seconds).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from edgefl.data import Corpus
+from edgefl.errors import ConfigError
+from edgefl.zoo import ModelRef, build
+
+SCHEMA = "edgefl.pretrained/1"
+DEPTHS = (3, 6, 9, 12)
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    steps: int = 300
+    batch_size: int = 16
+    lr: float = 2e-3
+    lr_final: Optional[float] = None          # None: lr / 10 (CAFF's decay)
+    weight_decay: float = 0.1
+    context: int = 80                         # the federated Shakespeare windows' length
+    embed: int = 96
+    heads: int = 3
+    seed: int = 0
+    holdout: float = 0.05
+    eval_windows: int = 256
+    device: str = "cpu"
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up, then half a cosine from lr down to lr_final."""
+        warmup = min(100, max(1, self.steps // 10))
+        if step < warmup:
+            return self.lr * (step + 1) / warmup
+        final = self.lr / 10 if self.lr_final is None else self.lr_final
+        progress = (step - warmup) / max(self.steps - warmup - 1, 1)
+        return final + 0.5 * (self.lr - final) * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def model_ref(layers: int, vocab: int, settings: PretrainSettings) -> ModelRef:
+    return ModelRef.of("transformer", layers=layers, vocab=vocab, context=settings.context, embed=settings.embed,
+                       heads=settings.heads)
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = np.stack([tokens[s: s + context + 1] for s in starts])
+    x = torch.as_tensor(rows[:, :-1])
+    return x, torch.as_tensor(rows[:, 1:]).reshape(-1)
+
+
+@torch.no_grad()
+def held_out_loss(model, tokens: np.ndarray, context: int, device: torch.device, windows: int,
+                  batch: int = 64) -> float:
+    """Mean next-token loss over the first `windows` non-overlapping windows of `tokens`."""
+    starts = np.arange(0, len(tokens) - context - 1, context)[:windows]
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch):
+        x, y = _windows(tokens, starts[i: i + batch], context)
+        total += float(F.cross_entropy(model(x.to(device)), y.to(device), reduction="sum"))
+        count += y.numel()
+    model.train()
+    return total / max(count, 1)
+
+
+def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
+             on_step: Optional[Callable[[int, float], None]] = None) -> tuple[ModelRef, dict, dict]:
+    """Train one depth: (its ModelRef, its state dict, a summary of what was measured). `settings.device`
+    must be usable (the CLI checks it first)."""
+    device = torch.device(settings.device)
+    cut = int(len(corpus.tokens) * (1 - settings.holdout))
+    train, held = corpus.tokens[:cut], corpus.tokens[cut:]
+    if len(train) <= settings.context + 1 or len(held) <= settings.context + 1:
+        raise ConfigError(f"--context {settings.context}: the corpus ({len(corpus.tokens)} tokens) is too short for "
+                          "windows this long on both sides of the held-out split; use a shorter context")
+    ref = model_ref(layers, len(corpus.vocab), settings)
+    torch.manual_seed(settings.seed)
+    model = build(ref).to(device).train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
+    rng = np.random.default_rng(settings.seed)
+    losses, t0 = [], time.perf_counter()
+    for step in range(settings.steps):
+        for group in opt.param_groups:
+            group["lr"] = settings.lr_at(step)
+        x, y = _windows(train, rng.integers(0, len(train) - settings.context - 1, settings.batch_size), settings.context)
+        loss = F.cross_entropy(model(x.to(device)), y.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        if on_step:
+            on_step(step + 1, losses[-1])
+    seconds = time.perf_counter() - t0
+    tail = losses[-max(1, len(losses) // 10):]
+    summary = {"steps": settings.steps, "seconds": seconds, "first_loss": losses[0] if losses else None,
+               "train_loss": sum(tail) / len(tail) if losses else None,
+               "held_out_loss": held_out_loss(model, held, settings.context, device, settings.eval_windows),
+               "params": sum(p.numel() for p in model.parameters())}
+    return ref, {k: v.detach().to("cpu") for k, v in model.state_dict().items()}, summary
+
+
+def folder_for(root: Path, layers: int) -> Path:
+    return Path(root) / f"layers-{layers}"
+
+
+def write(root: Path, ref: ModelRef, state: dict, corpus: Corpus, settings: PretrainSettings, summary: dict) -> Path:
+    folder = folder_for(root, ref.args["layers"])
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(state, folder / "weights.pt")
+    config = {"schema": SCHEMA, "model": ref.to_json(), "vocab": list(corpus.vocab), "corpus": corpus.name,
+              "works": list(corpus.works), "settings": asdict(settings), **summary}
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def read_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror}); write the set with 'edgefl pretrain -o DIR'") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc}); rewrite the set with 'edgefl pretrain -o DIR'") from None
+    if not isinstance(config, dict) or config.get("schema") != SCHEMA:
+        raise ConfigError(f"{path}: schema is not {SCHEMA!r}; rewrite the set with 'edgefl pretrain -o DIR'")
+    return config
+
+
+def available(root: Path) -> dict[int, dict]:
+    """The pretrained set in `root`: depth -> its config.json."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"--pretrained {root}: no such folder; write one with 'edgefl pretrain -o {root}'")
+    found = {}
+    for folder in sorted(root.glob("layers-*")):
+        config = read_config(folder)
+        found[ModelRef.from_json(config["model"]).args["layers"]] = config
+    if not found:
+        raise ConfigError(f"--pretrained {root}: no layers-<l>/ folders; write them with 'edgefl pretrain -o {root}'")
+    return found
+
+
+def load_pretrained(root: Path, ref: ModelRef) -> dict:
+    """The pretrained weights of `ref` (a transformer of the set in `root`), checked against its shapes."""
+    depth = ref.args.get("layers")
+    config = available(root).get(depth)
+    if config is None:
+        raise ConfigError(f"--pretrained {root}: no {depth}-layer model; add it with "
+                          f"'edgefl pretrain --layers {depth} -o {root}'")
+    if ModelRef.from_json(config["model"]) != ref:
+        raise ConfigError(f"--pretrained {root}: layers-{depth} holds {ModelRef.from_json(config['model']).label()}, "
+                          f"not {ref.label()}")
+    path = folder_for(root, depth) / "weights.pt"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({str(exc).splitlines()[0]}); rewrite it with 'edgefl pretrain'") from None
+    expected = build(ref).state_dict()
+    if not isinstance(state, dict) or set(state) != set(expected) or any(
+            tuple(state[k].shape) != tuple(t.shape) for k, t in expected.items()):
+        raise ConfigError(f"{path}: the tensors do not match {ref.label()}; rewrite it with 'edgefl pretrain'")
+    return state

@@ -1,0 +1,128 @@
+"""The JSON messages of the protocol, defined once for both ends.
+
+down/instr    {"schema": INSTRUCTION, "instruction": RoundInstruction JSON, "weights": {"artifact", "bytes",
+              "order"} | null, "artifacts": {role: artifact id}}
+up/ack        {"want": id, "chunk_size": n | null, "missing": [seq] | null, "resend": bool}
+              (missing null: send the manifest first; resend: what is in flight is lost, send it again)
+              {"got": id, "seq": n}  /  {"bad": id, "seq": n}
+.../manifest  a chunk manifest, or {"id": id, "error": why, "restart": bool} (restart: drop the partial
+              fetch and ask again from scratch)
+up/result/<round>/meta  {"schema": REPORT, "report": DeviceReport summary, "tensors": {"order", "bytes",
+              "sha256", "chunks"}, "download": {"messages", "payload_bytes", "wire_bytes"}}
+presence      {"online": bool, "device": id, "profile": {...}}
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from edgefl.errors import ReportRejected, TransportError
+from edgefl.manifest import TensorEntry
+from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.transport.tensors import order_from_json, order_to_json
+
+INSTRUCTION = "edgefl.assignment/1"
+REPORT = "edgefl.upload/1"
+
+
+def dumps(obj: Any) -> bytes:
+    def plain(o):  # numpy scalars and arrays in metrics
+        if hasattr(o, "tolist"):
+            return o.tolist()
+        raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+    return json.dumps(obj, separators=(",", ":"), default=plain).encode()
+
+
+def loads(payload: bytes, what: str) -> dict:
+    try:
+        d = json.loads(payload)
+    except ValueError:
+        d = None
+    if not isinstance(d, dict):
+        raise TransportError(f"{what}: not a JSON object")
+    return d
+
+
+@dataclass(frozen=True)
+class TensorBlob:
+    """Tensors shipped as an artifact: the flat float32 buffer's id and size, and its order."""
+    artifact: str
+    bytes: int
+    order: tuple[TensorEntry, ...]
+
+    def to_json(self) -> dict:
+        return {"artifact": self.artifact, "bytes": self.bytes, "order": order_to_json(self.order)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorBlob":
+        return cls(str(d["artifact"]), int(d["bytes"]), order_from_json(d["order"]))
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A round instruction as a device receives it: what to train, the weights to start from (an artifact
+    holding their flat buffer) and the other artifacts it needs, by role."""
+    instruction: RoundInstruction
+    weights: Optional[TensorBlob] = None
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+
+    def dumps(self) -> bytes:
+        return dumps({"schema": INSTRUCTION, "instruction": self.instruction.to_json(),
+                      "weights": self.weights.to_json() if self.weights else None, "artifacts": dict(self.artifacts)})
+
+    @classmethod
+    def loads(cls, payload: bytes) -> "Assignment":
+        d = loads(payload, "instruction")
+        if d.get("schema") != INSTRUCTION:
+            raise TransportError(f"instruction: schema {d.get('schema')!r}, expected {INSTRUCTION!r}; update edgefl "
+                                 "on this device to the coordinator's version")
+        try:
+            weights = TensorBlob.from_json(d["weights"]) if d.get("weights") else None
+            return cls(RoundInstruction.from_json(d["instruction"]), weights, dict(d.get("artifacts") or {}))
+        except (KeyError, TypeError, ValueError, ReportRejected) as exc:
+            raise TransportError(f"instruction: malformed ({type(exc).__name__}: {exc})") from None
+
+
+def want(artifact: str, chunk_size: Optional[int], missing: Optional[list[int]], resend: bool) -> bytes:
+    return dumps({"want": artifact, "chunk_size": chunk_size, "missing": missing, "resend": resend})
+
+
+def got(artifact: str, seq: int) -> bytes:
+    return dumps({"got": artifact, "seq": seq})
+
+
+def bad(artifact: str, seq: int) -> bytes:
+    return dumps({"bad": artifact, "seq": seq})
+
+
+def refusal(artifact: str, why: str, restart: bool = False) -> bytes:
+    return dumps({"id": artifact, "error": why, "restart": restart})
+
+
+def presence(online: bool, device: str, profile: Optional[Mapping[str, Any]] = None) -> bytes:
+    return dumps({"online": online, "device": device, "profile": dict(profile or {})})
+
+
+_REPORT_FIELDS = {f.name for f in dataclasses.fields(DeviceReport)} - {"tensors"}
+
+
+def upload_meta(report: DeviceReport, order: tuple[TensorEntry, ...], nbytes: int, sha256: str, chunks: int,
+                download: Mapping[str, int]) -> bytes:
+    summary = dataclasses.replace(report, tensors={}).summary()   # summary() would deep-copy the tensors
+    return dumps({"schema": REPORT, "report": summary,
+                  "tensors": {"order": order_to_json(order), "bytes": nbytes, "sha256": sha256, "chunks": chunks},
+                  "download": dict(download)})
+
+
+def report_from_summary(summary: dict) -> DeviceReport:
+    """A DeviceReport (without tensors) from its summary; fields this version does not know are dropped."""
+    try:
+        report = DeviceReport(**{k: v for k, v in summary.items() if k in _REPORT_FIELDS})
+    except (TypeError, AttributeError) as exc:   # a missing field, or not a JSON object
+        raise ReportRejected(f"malformed report ({exc})") from None
+    if not (isinstance(report.round, int) and isinstance(report.device_id, str) and report.status in ("ok", "failed")
+            and isinstance(report.metrics, dict) and isinstance(report.examples, int)):
+        raise ReportRejected("malformed report: round, device_id, status, examples or metrics has the wrong type")
+    return report

@@ -1,0 +1,33 @@
+"""The MQTT transport: the coordinator's end of the device protocol over a real broker (paho-mqtt 2.x,
+MQTT 5, QoS 1, persistent session). Topics: `edgefl.transport.topics`; what travels and how:
+`edgefl.transport.endpoint` (instructions, reports, presence) and `edgefl.transport.artifact_server`
+(1 MiB chunks, per-chunk sha256, a window acknowledged by the device, resume after reconnect).
+
+    transport = MqttTransport("mqtts://broker:8883", credentials="credentials/coordinator.json",
+                              ca_file="tls/ca.crt")
+    transport.wait_online(["pi-1", "pi-2"], timeout_s=60)
+    prefix = transport.ship("pi-1", Path("artifacts/abc/prefix/model.onnx"))
+    transport.send(instruction, weights, artifacts={"prefix": prefix})
+    reports = transport.collect(round, ["pi-1"], timeout_s=300)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
+from edgefl.transport.endpoint import COORDINATOR_ID, WireTransport
+from edgefl.transport.mqtt_wire import MqttWire
+
+
+class MqttTransport(WireTransport):
+    def __init__(self, url: str, credentials: Optional[str | Path] = None, *, ca_file: Optional[str | Path] = None,
+                 client_id: str = COORDINATOR_ID, chunk_size: int = CHUNK_SIZE, window: int = WINDOW,
+                 session_expiry_s: int = 86_400, max_packet_size: Optional[int] = None):
+        """`url`: mqtt://HOST:PORT or mqtts://HOST:PORT; `credentials`: a JSON file {"username", "password"};
+        `ca_file`: the broker's CA certificate for mqtts (the system's CAs otherwise); `max_packet_size`:
+        a limit to respect below the one the broker announces."""
+        wire = MqttWire(url, client_id, credentials=credentials, ca_file=ca_file, session_expiry_s=session_expiry_s,
+                        max_packet_size=max_packet_size)
+        super().__init__(wire, chunk_size, window)
+        self.url = wire.url

@@ -1,0 +1,175 @@
+"""Export-friendly forms of the layers ExecuTorch trains badly, each with its layer's exact state_dict.
+
+ExecuTorch's portable convolution and addmm kernels (and their backward) are naive loops: a ResNet-20
+suffix took seconds per step (RUNTIME_NOTES). Written as the ops its runtime runs fast (slicing, `cat`,
+matrix products), the same layers train an order of magnitude faster:
+
+* `MatmulConv2d`: channels-last, zero padding by `cat` (F.pad's backward crashed the runtime), the k*k
+  shifted strided slices stacked along channels (im2col without an im2col kernel), one batched matrix
+  product with the weight laid out (kh, kw, in, out).
+* `MatmulLinear`: x @ W^T + b as a batched product (addmm's training kernel is the slow one).
+* `StatBatchNorm2d`: batch norm written out of mean/var/rsqrt. In training its running statistics are
+  values, not buffers mutated in place: it reads them from its buffers (which the exporter replaces by
+  program inputs) and leaves the updated ones in `updates`, which the exporter returns as outputs. That
+  sidesteps the three traps of train-mode BN in an ExecuTorch training program: no out variant for the
+  functional batch-norm op, mutated buffers starting from zero instead of their initial values, and
+  gradient outputs mis-sliced by the stock TrainingModule when buffers mutate.
+
+Matrix products are written as `bmm` and transposes as `permute` because the exporter hands exactly
+those ops (and the slicing around them) to XNNPACK, whose kernels are an order of magnitude faster than
+the portable ones (edgefl.export.executorch_program). No parameter is ever viewed directly (reshaped,
+unsqueezed in place): ExecuTorch's emitter cannot place a view of an external weight.
+
+`rewrite(module)` returns a deep copy with every such layer replaced; `load_state_dict` of the original
+state loads into it unchanged.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _pad_channels_last(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
+    """Zero padding of an (N, H, W, C) tensor by concatenation (F.pad's backward crashed the runtime)."""
+    n, h, w, c = x.shape
+    if ph:
+        rows = x.new_zeros(n, ph, w, c)
+        x = torch.cat([rows, x, rows], dim=1)
+    if pw:
+        cols = x.new_zeros(n, h + 2 * ph, pw, c)
+        x = torch.cat([cols, x, cols], dim=2)
+    return x
+
+
+def _shifts(x: torch.Tensor, dim: int, k: int, stride: int, size: int) -> torch.Tensor:
+    """The k strided windows of `size` positions along `dim`, side by side along the last (channel) axis."""
+    index = (slice(None),) * dim
+    windows = [x[index + (slice(i, i + stride * (size - 1) + 1, stride),)] for i in range(k)]
+    return windows[0] if k == 1 else torch.cat(windows, dim=-1)
+
+
+class MatmulConv2d(nn.Module):
+    """nn.Conv2d (groups 1, dilation 1, zero padding): channels-last shifted slices + one batched product.
+
+    Channels-last makes the shifted slices stack along the contiguous axis, so the patch matrix
+    (N*Ho*Wo, kh*kw*Cin) needs no transpose; only the input and output change layout."""
+
+    def __init__(self, conv: nn.Conv2d):
+        super().__init__()
+        self.weight = conv.weight
+        self.bias = conv.bias
+        self.kernel, self.stride = _pair(conv.kernel_size), _pair(conv.stride)
+        self.padding = _pair(conv.padding)
+
+    @staticmethod
+    def supports(conv: nn.Conv2d) -> bool:
+        return (conv.groups == 1 and _pair(conv.dilation) == (1, 1) and conv.padding_mode == "zeros"
+                and not isinstance(conv.padding, str))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        x = _pad_channels_last(x.permute(0, 2, 3, 1), *self.padding)
+        n, h, w, c = x.shape
+        ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
+        # im2col in two passes (kw shifts along W, then kh along H): 2k slices instead of k*k, a third
+        # fewer graph nodes with the backward, and exporting costs time per node
+        cols = _shifts(x, 2, kw, sw, wo)                                           # (n, h, wo, kw*c)
+        cols = _shifts(cols, 1, kh, sh, ho)                                        # (n, ho, wo, kh*kw*c)
+        cout = self.weight.shape[0]
+        # permute first: a view of the weight itself trips the emitter on external weights
+        weight = self.weight.permute(2, 3, 1, 0).reshape(1, kh * kw * c, cout)
+        out = torch.bmm(cols.reshape(1, n * ho * wo, kh * kw * c), weight)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(n, ho, wo, cout).permute(0, 3, 1, 2)
+
+
+class MatmulLinear(nn.Module):
+    """nn.Linear as one batched product (addmm's training kernel is the slow one)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cout, cin = self.weight.shape
+        out = torch.bmm(x.reshape(1, -1, cin), self.weight.t().reshape(1, cin, cout))
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], cout)
+
+
+class StatBatchNorm2d(nn.Module):
+    """nn.BatchNorm2d (affine, tracked statistics) with its running statistics updated out of place."""
+
+    def __init__(self, bn: nn.BatchNorm2d):
+        super().__init__()
+        self.weight, self.bias = bn.weight, bn.bias
+        self.register_buffer("running_mean", bn.running_mean)
+        self.register_buffer("running_var", bn.running_var)
+        self.register_buffer("num_batches_tracked", bn.num_batches_tracked)
+        self.eps, self.momentum = bn.eps, bn.momentum
+        self.updates: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def supports(bn: nn.BatchNorm2d) -> bool:
+        return bn.affine and bn.track_running_stats and bn.momentum is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.unsqueeze(-1).unsqueeze(-1)     # a copy, not a view of the weight (see MatmulConv2d)
+        if not self.training:
+            scale = torch.rsqrt(self.running_var + self.eps) * self.weight
+            return (x - self.running_mean.reshape(1, -1, 1, 1)) * scale.reshape(1, -1, 1, 1) + bias
+        mean = x.mean(dim=(0, 2, 3), keepdim=True)
+        centred = x - mean
+        var = (centred * centred).mean(dim=(0, 2, 3))
+        scale = torch.rsqrt(var + self.eps) * self.weight
+        y = centred * scale.reshape(1, -1, 1, 1) + bias
+        n = x.numel() // x.shape[1]
+        m = self.momentum
+        # torch updates the running variance with the unbiased batch variance
+        self.updates = ((1 - m) * self.running_mean + m * mean.detach().reshape(-1),
+                        (1 - m) * self.running_var + m * var.detach() * (n / max(n - 1, 1)))
+        return y
+
+
+def _replacement(mod: nn.Module) -> nn.Module | None:
+    if type(mod) is nn.Conv2d and MatmulConv2d.supports(mod):
+        return MatmulConv2d(mod)
+    if type(mod) is nn.Linear:
+        return MatmulLinear(mod)
+    if type(mod) is nn.BatchNorm2d and StatBatchNorm2d.supports(mod):
+        return StatBatchNorm2d(mod)
+    return None
+
+
+def rewrite(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` with its convolutions, linears and batch norms in export-friendly form."""
+    out = copy.deepcopy(module)
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            new = _replacement(child)
+            if new is not None:
+                new.train(child.training)
+                setattr(parent, name, new)
+    return out
+
+
+def batch_norms(module: nn.Module) -> list[tuple[str, StatBatchNorm2d]]:
+    """The rewritten batch norms of `module` with their qualified names, in module order."""
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, StatBatchNorm2d)]
+
+
+@torch.no_grad()
+def check_same_state(original: nn.Module, rewritten: nn.Module) -> None:
+    """Internal invariant: the rewrite kept every state_dict name and shape."""
+    a, b = original.state_dict(), rewritten.state_dict()
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        raise AssertionError(f"rewrite changed the state_dict: {sorted(a.keys() ^ b.keys())[:4]}")

@@ -1,0 +1,120 @@
+"""The artifact Trainer contract (edgefl.device_runtime.trainers.base), one suite for every runtime: ort,
+torch (torch.export programs) and executorch once its backend and trainer exist. Each runtime trains
+sets exported by the same pipeline from the same global weights, so they must also agree with each
+other after a step."""
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
+from export_cases import (LM, RESNET, ExportCache, available, backend_params, global_state,  # noqa: E402
+                          lm_config, resnet_config)
+
+from edgefl.device_runtime.trainers.base import ArtifactTrainer, trainer_class  # noqa: E402
+from edgefl.export.backends import get_backend  # noqa: E402
+from edgefl.export.pipeline import refresh_weights  # noqa: E402
+from edgefl.export.split import split  # noqa: E402
+from edgefl.submodel import extract, index_sets  # noqa: E402
+
+RUNTIMES = ("ort", "torch", "executorch")
+CASES = [pytest.param(RESNET, resnet_config(4, 0.25), id="resnet20-frozen4-width0.25"),
+         pytest.param(LM, lm_config(2, "adamw"), id="transformer-frozen2-adamw")]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return ExportCache(tmp_path_factory.mktemp("contract"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def threads(one_thread):
+    yield
+
+
+def batch(ref, config, n=None):
+    parts = split(ref, config, global_state(ref), index_sets(ref, config))
+    x, y = parts.input_example.numpy(), parts.labels_example.numpy()
+    return (x, y) if n is None else (x[:n], y[: n * (len(y) // len(x))])
+
+
+def make(runtime, ref, config, exported) -> ArtifactTrainer:
+    return trainer_class(runtime)(exported(runtime, ref, config))
+
+
+@pytest.mark.parametrize("runtime", backend_params(RUNTIMES))
+@pytest.mark.parametrize("ref, config", CASES)
+class TestContract:
+    def test_a_trainer_loads_evaluates_and_trains(self, runtime, ref, config, exported):
+        # one trainer through its life (loading programs is what costs time): load, read, evaluate, train
+        trainer = make(runtime, ref, config, exported)
+        m = trainer.manifest
+        x, y = batch(ref, config)
+
+        # loaded: exactly the global weights' slice, named, shaped and ordered as the manifest says
+        tensors = trainer.trained_tensors()
+        assert list(tensors) == [e.name for e in m.trainable]
+        want = extract(global_state(ref), ref, config, index_sets(ref, config))
+        for e in m.trainable:
+            assert tensors[e.name].shape == e.shape and tensors[e.name].dtype == np.dtype(e.dtype), e.name
+            np.testing.assert_array_equal(tensors[e.name], want[e.local].numpy(), err_msg=e.name)
+        assert trainer.upload_buffer().nbytes == m.upload_bytes
+
+        # the prefix's features have the prefix manifest's shapes
+        outputs = trainer.artifacts.prefix.outputs
+        assert [f.shape for f in trainer.prefix_features(x)] == [(len(x), *o.shape[1:]) for o in outputs]
+
+        # evaluate: read-only, batched (here with a partial last batch), a mean over every target
+        rows = len(y) // len(x)
+        xe, ye = np.concatenate([x, x[:3]]), np.concatenate([y, y[: 3 * rows]])
+        first, second = trainer.evaluate(xe, ye), trainer.evaluate(xe, ye)
+        assert first == second and 0 <= first["accuracy"] <= 1 and first["examples"] == len(xe)
+        for k, v in trainer.trained_tensors().items():
+            np.testing.assert_array_equal(v, tensors[k])
+        per_example = [trainer.eval_batch(xe[i:i + 1], ye[i * rows:(i + 1) * rows])[0] for i in range(len(xe))]
+        assert first["loss"] == pytest.approx(float(np.mean(per_example)), rel=1e-5)
+
+        # steps learn on a fixed batch and advance the BN counters
+        losses = [trainer.train_step(x, y, 0.02 if config.optimizer == "sgd" else 2e-3) for _ in range(4)]
+        assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+        assert trainer.steps == 4
+        after = trainer.trained_tensors()
+        for e in m.trainable:
+            if e.kind == "counter":
+                assert int(after[e.name]) == int(tensors[e.name]) + 4
+            else:
+                assert not np.array_equal(after[e.name], tensors[e.name]), e.name
+
+    def test_refreshed_weights_load(self, runtime, ref, config, exported, tmp_path):
+        folder = shutil.copytree(exported(runtime, ref, config).folder, tmp_path / "set")
+        gen = torch.Generator().manual_seed(3)
+        new = {k: (v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v + 2)
+               for k, v in global_state(ref).items()}
+        refreshed = refresh_weights(folder, new, get_backend(runtime))
+        trainer = trainer_class(runtime)(refreshed)
+        want = extract(new, ref, config, index_sets(ref, config))
+        for e in refreshed.suffix.trainable:
+            np.testing.assert_array_equal(trainer.trained_tensors()[e.name], want[e.local].numpy(), err_msg=e.name)
+
+
+@pytest.mark.parametrize("ref, config", CASES)
+def test_runtimes_agree_after_a_step(ref, config, exported):
+    built = [r for r in RUNTIMES if available(r)]
+    assert {"ort", "torch"} <= set(built)
+    x, y = batch(ref, config)
+    results = {}
+    for runtime in built:
+        trainer = make(runtime, ref, config, exported)
+        loss = trainer.train_step(x, y, 0.05 if config.optimizer == "sgd" else 1e-3)
+        results[runtime] = (loss, trainer.trained_tensors(), trainer.evaluate(x, y)["loss"])
+    base_loss, base, base_eval = results.pop("torch")
+    for runtime, (loss, tensors, evaluated) in results.items():
+        assert loss == pytest.approx(base_loss, rel=1e-5) and evaluated == pytest.approx(base_eval, rel=1e-4)
+        tol = 1e-3 if config.optimizer == "adamw" else 1e-4
+        for name, t in tensors.items():
+            want = base[name].astype(np.float64)
+            err = np.linalg.norm(t.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-12)
+            assert err <= tol, (runtime, name, err)

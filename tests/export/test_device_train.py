@@ -1,0 +1,96 @@
+"""The device side as a device runs it: real subprocesses, torch blocked for ORT, `edgefl-device train`."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from export_cases import LM, RESNET, lm_config, resnet_config
+
+CONFIG = resnet_config(4, 0.25)
+
+
+def device(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, env=env or os.environ)
+
+
+@pytest.mark.parametrize("ref, config", [(RESNET, CONFIG), (LM, lm_config(2, "adamw"))], ids=["resnet20", "transformer"])
+def test_ort_trains_with_torch_blocked(ref, config, exported):
+    folder = exported("ort", ref, config).folder
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import json, numpy as np\n"
+            "from edgefl.device_runtime.trainers.base import open_trainer\n"
+            f"t = open_trainer({str(folder)!r})\n"
+            "rng = np.random.default_rng(0)\n"
+            "lm = t.artifacts.prefix.inputs[0].dtype == 'int64'\n"
+            "x = rng.integers(0, 80, (8, 16)) if lm else rng.standard_normal((8, 3, 8, 8)).astype('float32')\n"
+            "y = rng.integers(0, 10, 8 * (16 if lm else 1))\n"
+            "losses = [t.train_step(x, y, 0.01) for _ in range(5)]\n"
+            "print(json.dumps({'losses': losses, 'steps': t.steps, 'loaded': sorted(m for m in ('torch', 'onnx') "
+            "if sys.modules.get(m) is not None)}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["steps"] == 5 and out["loaded"] == []
+    assert all(np.isfinite(out["losses"])) and out["losses"][-1] < out["losses"][0]   # same batch: it learns
+
+
+def test_train_command_reports_what_it_measured(exported, tmp_path):
+    a = exported("ort", RESNET, CONFIG)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.standard_normal((20, 3, 8, 8)).astype(np.float32))
+    np.save(tmp_path / "y.npy", rng.integers(0, 10, 20))
+    r = device("train", "--artifacts", a.folder, "--data", tmp_path, "--steps", 6, "--lr", 0.05, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["runtime"] == "ort" and report["config_hash"] == CONFIG.hash() and report["steps"] == 6
+    assert report["trained_tensor_bytes"] == a.suffix.upload_bytes
+    assert report["peak_rss_bytes"] >= report["loaded_rss_bytes"] > 0
+    assert report["mmap_threshold"] == 128 * 1024 and report["torch_loaded"] is False
+    assert report["loss_after"] < report["loss_before"]        # 6 steps over 20 examples, evaluated on them
+    assert report["predicted_peak_bytes"] == a.suffix.predicted["peak_memory_bytes"]
+    table = device("train", "--artifacts", a.folder, "--data", tmp_path, "--steps", 1)
+    assert table.returncode == 0 and "peak RSS" in table.stdout and "trained tensors" in table.stdout
+
+
+def test_the_device_policy_is_the_cost_models():
+    from edgefl.device_runtime.train_cmd import MMAP_THRESHOLD
+    from edgefl.measure import MMAP_THRESHOLD as measured_under
+    assert MMAP_THRESHOLD == measured_under
+
+
+def one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_tampered_artifacts_exit_2_with_one_line(exported, tmp_path):
+    folder = shutil.copytree(exported("ort", RESNET, CONFIG).folder, tmp_path / "set")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.zeros((8, 3, 8, 8), np.float32), y=np.zeros(8, np.int64))
+    path = folder / "training_model.onnx"
+    raw = bytearray(path.read_bytes())
+    raw[100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    one_line_error(device("train", "--artifacts", folder, "--data", data), str(path), "sha256")
+    (folder / "prefix" / "prefix.onnx").unlink()
+    shutil.copy(exported("ort", RESNET, CONFIG).folder / "training_model.onnx", path)
+    one_line_error(device("train", "--artifacts", folder, "--data", data), "prefix.onnx", "missing")
+
+
+def test_bad_data_and_runtime_exit_2(exported, tmp_path):
+    folder = exported("ort", RESNET, CONFIG).folder
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((4, 1, 28, 28), np.float32), y=np.zeros(4, np.int64))
+    one_line_error(device("train", "--artifacts", folder, "--data", tmp_path / "wrong.npz"), "(1, 28, 28)", "(3, 8, 8)")
+    np.savez(tmp_path / "nox.npz", y=np.zeros(4, np.int64))
+    one_line_error(device("train", "--artifacts", folder, "--data", tmp_path / "nox.npz"), "no array 'x'")
+    one_line_error(device("train", "--artifacts", folder, "--data", tmp_path / "absent"), "absent not found")
+    one_line_error(device("train", "--artifacts", folder, "--data", tmp_path / "wrong.npz", "--runtime", "torch"),
+                   "exported for ort")

@@ -1,0 +1,96 @@
+"""The emulation-vs-Flower benchmark's helpers: process-tree measurement, and that its lean loop (and so
+the Flower clients, which run the same training code) trains what edgefl's emulation trains."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "flower_app"))
+
+from proctree import TreeSampler, stop_tree, tree, wait_for  # noqa: E402
+
+GRANDCHILD = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+              "'b = bytearray(160 * 2**20); import time\\nwhile time.process_time() < 0.8: pass\\n"
+              "time.sleep(60)'])")
+
+
+def test_sampler_counts_grandchildren_memory_and_cpu():
+    child = subprocess.Popen([sys.executable, "-c", GRANDCHILD])
+    try:
+        with TreeSampler([child.pid], interval=0.05) as sampler:
+            assert wait_for(lambda: sampler.peak_bytes > 160 * 2**20 and sampler.peak_processes >= 2, 30)
+            # the grandchild spins until it has used 0.8 s of CPU, however busy the machine is
+            assert wait_for(lambda: sampler.timeline[-1][1] - sampler.timeline[0][1] > 0.5, 60)
+        assert sampler.peak_processes >= 2
+        assert sampler.peak_bytes > 160 * 2**20
+        first, last = sampler.timeline[0], sampler.timeline[-1]
+        assert last[1] - first[1] > 0.5              # busy grandchild's CPU is seen
+        assert first[1] <= sampler.cpu_at((first[0] + last[0]) / 2) <= last[1]
+    finally:
+        stop_tree(child.pid, timeout=5)
+    assert not [p for p in tree([child.pid]) if p.status() != "zombie"]
+
+
+def test_headline_ratios_and_goals():
+    from emulate_vs_flower import headline
+    rows = {"compute_bound": {"systems": {
+        "edgefl": {"end_to_end_s": 50.0, "round_loop_s": 44.0, "peak_rss_bytes": 1, "final_accuracy": 0.85,
+                   "cpu_s": 40.0, "round_loop_cpu_s": 30.0},
+        "flower": {"end_to_end_s": 100.0, "peak_rss_bytes": 4, "final_accuracy": 0.851, "cpu_s": 60.0},
+        "lean": {"round_loop_s": 40.0, "round_loop_cpu_s": 25.0}}},
+        "overhead_bound": {"systems": {
+            "edgefl": {"steady_rounds_per_s": 1.0, "steady_cpu_s_per_round": 2.0, "final_accuracy": 0.5},
+            "flower": {"steady_rounds_per_s": 0.5, "steady_cpu_s_per_round": 5.0, "final_accuracy": 0.52}}}}
+    out = headline(rows)
+    assert out["speedup"] == 2.0 and out["rss_ratio"] == 0.25 and out["vs_lean"] == pytest.approx(1.1)
+    assert out["speedup_overhead_bound"] == 2.0 and out["speedup_overhead_bound_cpu"] == 2.5
+    assert out["speedup_cpu"] == 1.5 and out["vs_lean_cpu"] == 1.2
+    assert out["accuracy_gap_points"] == {"compute_bound": 0.1, "overhead_bound": 2.0}
+    assert out["goals"] == {"vs_lean <= 1.15": True, "speedup >= 1.3": True, "rss_ratio <= 0.4": True,
+                            "speedup_overhead_bound >= 3": False,
+                            "accuracy within 1 point of Flower (compute_bound)": True,
+                            "accuracy within 1 point of Flower (overhead_bound)": False}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_lean_loop_trains_what_edgefl_emulation_trains():
+    """Same partition, initial weights, sampled clients, learning rates and seeds: the lean FedAvg loop
+    (whose training code the Flower clients share) ends at edgefl's global weights."""
+    from emulate_vs_flower import make_schedule
+    from fedbench import task
+    from lean_fedavg import fedavg
+
+    from edgefl.cli.emulation import emulate
+    from edgefl.coordinator import LoopSettings
+    from edgefl.data import Dataset, parse_partition
+    from edgefl.fleet import parse_fleet
+    from edgefl.plan import verify
+    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.zoo import ModelRef, build
+
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (120, 1, 28, 28), dtype=np.uint8)
+    train = Dataset(x=task.images(raw), y=rng.integers(0, 10, 120).astype(np.int64), classes=10, name="synthetic")
+    fleet = parse_fleet("fleet:\n  groups:\n    c: {count: 4, memory_budget: 8GiB, runtime: torch}\n")
+    settings = LoopSettings(rounds=2, clients_per_round=2, seed=3, eval_every=2, lr=0.05, lr_final=0.005)
+    shares = parse_partition("iid").split(train.y, 4, 3)
+    ref = ModelRef.of("cnn", num_classes=10, input_shape=(1, 28, 28))
+    strategy = get_strategy("fedavg")
+    plan = verify(strategy.plan(PlanContext(fleet, ref, rounds=2, batch_size=16)), fleet)
+    records, server = emulate(fleet, plan, strategy, ref, train, None, shares, settings)
+
+    schedule = make_schedule(fleet, settings)
+    assert [sorted(r.sampled) for r in records] == [r["devices"] for r in schedule["rounds"]]
+    torch.manual_seed(settings.seed)
+    initial = list(build(ref).state_dict().values())
+    model = task.cnn()
+    model.load_state_dict(dict(zip(model.state_dict(), initial, strict=True)))
+    fedavg(model, {"x": train.x, "y": train.y, "partitions": shares}, schedule, batch_size=16, epochs=1)
+    for (name, ours), theirs in zip(model.state_dict().items(), server.state.values(), strict=True):
+        assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5), name
+    assert not torch.allclose(model.state_dict()["0.weight"], initial[0])    # it did train
