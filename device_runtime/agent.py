@@ -26,11 +26,12 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from edgefl.errors import EdgeflError
+from edgefl.errors import ConfigError, EdgeflError
 from edgefl.manifest import ArtifactSet, unflatten
 from edgefl.messages import DeviceReport
-from edgefl.transport.envelopes import Assignment
 from edgefl.device_runtime.child import run_child
+from edgefl.device_runtime.link import Unreadable
+from edgefl.device_runtime.memcap import MemoryCap
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
 
@@ -38,9 +39,14 @@ SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) i
 class DeviceAgent:
     def __init__(self, link, device_id: str, data: Path, runtime: str, *, memory_bytes: Optional[int] = None,
                  meter: Optional[Callable[[], Any]] = None, threads: int = 1, fetch_timeout_s: float = 600.0,
-                 train_timeout_s: Optional[float] = None, log: Callable[[str], None] = lambda line: None):
+                 train_timeout_s: Optional[float] = None, enforce_memory: bool = False,
+                 log: Callable[[str], None] = lambda line: None):
         """`meter()`: a fresh energy meter (start/stop -> reading with to_json()); `memory_bytes`: the peak
-        training memory this device grants (instructions predicted above it are refused)."""
+        training memory this device grants (instructions predicted above it are refused; with
+        `enforce_memory` the training process is also killed if it goes over, as an OOM killer would)."""
+        if enforce_memory and memory_bytes is None:
+            raise ConfigError("--enforce-memory needs the device's memory (--memory or a --profile)")
+        self.enforce_memory = enforce_memory
         self.link, self.device_id, self.data, self.runtime = link, device_id, Path(data), runtime
         self.memory_bytes, self.meter, self.threads = memory_bytes, meter, threads
         self.fetch_timeout_s, self.train_timeout_s, self.log = fetch_timeout_s, train_timeout_s, log
@@ -68,7 +74,10 @@ class DeviceAgent:
             self.log(f"round {report.round}: {report.status}"
                      + (f" ({report.reason})" if report.reason else f", loss {report.loss_after:.4f}"))
 
-    def handle(self, assignment: Assignment) -> tuple[DeviceReport, Optional[tuple]]:
+    def handle(self, assignment) -> tuple[DeviceReport, Optional[tuple]]:
+        if isinstance(assignment, Unreadable):
+            return DeviceReport(round=assignment.round, device_id=self.device_id, config_hash=assignment.config_hash,
+                                status="failed", reason=f"refused: {assignment.reason}"), None
         ins = assignment.instruction
         t0 = time.perf_counter()
         report = DeviceReport(round=ins.round, device_id=self.device_id, config_hash=ins.config_hash, status="failed")
@@ -96,7 +105,14 @@ class DeviceAgent:
             meter = self.meter() if self.meter else None
             if meter:
                 meter.start()
-            child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s)
+            cap = MemoryCap(self.memory_bytes, f"edgefl-{self.device_id}") if self.enforce_memory else None
+            try:
+                child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap)
+                if child.returncode != 0 and cap is not None and (cap.oom_killed() or child.returncode == -9):
+                    child.error = f"out of memory: the training process was killed at its cap {cap.describe()}"
+            finally:
+                if cap is not None:
+                    cap.close()
             energy = meter.stop() if meter else None
             report.wall_s = time.perf_counter() - t0
             report.peak_rss_bytes = (child.result or {}).get("peak_rss_bytes") or child.max_rss_bytes

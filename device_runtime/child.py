@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from edgefl.errors import EdgeflError
+from edgefl.device_runtime.memcap import MemoryCap
 
 MMAP_THRESHOLD = 128 * 1024     # edgefl.measure.MMAP_THRESHOLD: the policy the torch constants are fitted under
 
@@ -35,8 +36,11 @@ def child_env(threads: int = 1) -> dict[str, str]:
     return env
 
 
-def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[float] = None) -> ChildResult:
-    proc = subprocess.Popen([sys.executable, "-m", module, json.dumps(spec)], stdout=subprocess.PIPE,
+def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[float] = None,
+              cap: Optional[MemoryCap] = None) -> ChildResult:
+    """`python -m module '<spec json>'` in a fresh process (inside `cap` when given)."""
+    argv = [sys.executable, "-m", module, json.dumps(spec)]
+    proc = subprocess.Popen(cap.wrap(argv) if cap is not None else argv, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=child_env(threads))
     streams: dict[str, str] = {}
     readers = [threading.Thread(target=lambda n=n, f=f: streams.__setitem__(n, f.read()), daemon=True)

@@ -43,6 +43,23 @@ from edgefl.device_runtime.cache import ArtifactCache
 _CLOSED, _RECONNECTED = "closed", "reconnected"
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """An instruction this device cannot follow (another protocol version, a malformed message), with what
+    could be read of it: enough to answer the coordinator with a failed report and the reason."""
+    round: int
+    config_hash: str
+    reason: str
+
+    @classmethod
+    def of(cls, payload: bytes, reason: str) -> Optional["Unreadable"]:
+        try:
+            ins = json.loads(payload)["instruction"]
+            return cls(int(ins["round"]), str(ins.get("config_hash", "")), reason)
+        except (ValueError, KeyError, TypeError):
+            return None    # not even a round to answer for: logged only
+
+
 @dataclass
 class FetchStats:
     chunks_accepted: int = 0
@@ -271,7 +288,9 @@ class DeviceLink:
             try:
                 assignment = Assignment.loads(payload)
             except TransportError as exc:
-                log.warning("%s: dropped an instruction: %s", self.device_id, exc)
+                log.warning("%s: refused an instruction: %s", self.device_id, exc)
+                if (refusal := Unreadable.of(payload, str(exc))) is not None:
+                    self._assignments.put(refusal)   # the agent answers it with a failed report and the reason
                 return
             if assignment.instruction.device_id != self.device_id:
                 log.warning("%s: dropped an instruction addressed to %s", self.device_id,

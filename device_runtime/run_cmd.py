@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--i2c-bus", type=int, help="I2C bus of an INA219 power monitor (1 on a Raspberry Pi)")
     p.add_argument("--power", help="active power for the energy estimate when no sensor is present, e.g. 3W")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--enforce-memory", action="store_true",
+                   help="kill a training process that goes over --memory, as the device's OOM killer would")
     p.add_argument("--rounds", type=int, help="stop after this many rounds (default: serve until stopped)")
 
 
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
     agent = DeviceAgent(link, args.id, args.data, args.runtime, memory_bytes=memory, meter=meter,
-                        threads=args.threads, log=lambda line: print(f"{args.id}: {line}", flush=True))
+                        threads=args.threads, enforce_memory=args.enforce_memory, log=lambda line: print(f"{args.id}: {line}", flush=True))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -39,9 +39,11 @@ def train(spec: dict) -> dict:
     y = np.asarray(y, np.int64).reshape(len(x), rows)
     rng = np.random.default_rng(spec["seed"])
     losses = []
+    # a runtime whose training program has a fixed batch size skips a pass's smaller remainder
+    whole = len(x) - len(x) % trainer.batch_size if getattr(trainer, "exact_batch", False) else len(x)
     for _ in range(spec.get("epochs", 1)):
         order = rng.permutation(len(x))
-        for start in range(0, len(x), trainer.batch_size):
+        for start in range(0, whole, trainer.batch_size):
             idx = order[start:start + trainer.batch_size]
             losses.append(float(trainer.train_step(x[idx], y[idx].reshape(-1), spec["lr"])))
     buffer = trainer.upload_buffer()

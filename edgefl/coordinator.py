@@ -174,7 +174,8 @@ class Coordinator:
             if device not in journaled:
                 self.transport.send(instruction, delivery.weights, delivery.artifacts or None)
         waiting = [d for d in sent if d not in journaled]
-        reports = list(journaled.values()) + self.transport.collect(r, waiting, self.settings.round_timeout_s)
+        journal = self.state.journal if self.state is not None else None
+        reports = list(journaled.values()) + self.transport.collect(r, waiting, self.settings.round_timeout_s, journal)
         # aggregation sums in this order: by device, not by arrival, so a run is reproducible over any transport
         reports.sort(key=lambda rep: rep.device_id)
         contributions, losses, accepted = [], [], set()
@@ -193,8 +194,6 @@ class Coordinator:
                     record.download_bytes += report.download_bytes
                     continue
                 contributions.append(self.server.contribution(report, instruction, handle))
-                if self.state is not None and report.device_id not in journaled:
-                    self.state.journal(report)
             except ReportRejected as exc:
                 record.rejected.setdefault(report.device_id, str(exc))
                 continue

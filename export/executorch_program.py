@@ -31,6 +31,9 @@ from edgefl.export.et_rewrites import batch_norms, rewrite
 
 PREFIX = "model."
 STATISTICS = ("running_mean", "running_var")
+# XNNPACK partitioner configs (executorch.backends.xnnpack.partition.config.generic_node_configs)
+DELEGATED = ("BMMConfig", "PermuteConfig", "SliceCopyConfig", "CatConfig", "AddConfig", "SubConfig", "MulConfig",
+             "ViewCopyConfig")
 
 
 class _TrainingStep(nn.Module):
@@ -69,9 +72,7 @@ def _training_partitioner():
             return not held and config.check_constraints(self, node, ep)
         return type("Safe" + config.__name__, (config,), {"check_constraints": check_constraints})
 
-    configs = [g.BMMConfig, g.PermuteConfig, g.SliceCopyConfig, g.CatConfig, g.AddConfig, g.SubConfig,
-               g.MulConfig, g.ViewCopyConfig]
-    return XnnpackPartitioner(configs=[safe(c) for c in configs])
+    return XnnpackPartitioner(configs=[safe(getattr(g, name)) for name in DELEGATED])
 
 
 @dataclass

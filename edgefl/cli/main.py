@@ -158,6 +158,10 @@ from edgefl.cli.serve_cmd import serve  # noqa: E402  (torch, the export backend
 
 app.command()(serve)
 
+from edgefl.cli.fleet_cmd import fleet_app  # noqa: E402
+
+app.add_typer(fleet_app, name="fleet")
+
 from edgefl.cli.pretrain_cmd import pretrain  # noqa: E402  (torch is imported inside the command)
 
 app.command()(pretrain)

@@ -4,7 +4,7 @@ the same device protocol (`edgefl.transport.endpoint`); its topics are in `edgef
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from edgefl.messages import DeviceReport, RoundInstruction
 
@@ -17,8 +17,10 @@ class Transport(ABC):
         artifacts shipped to it beforehand (transports that ship them)."""
 
     @abstractmethod
-    def collect(self, round: int, expected: Iterable[str], timeout_s: float | None) -> list[DeviceReport]:
-        """Reports for `round` from the expected devices, until all arrive or the timeout passes."""
+    def collect(self, round: int, expected: Iterable[str], timeout_s: float | None,
+                on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
+        """Reports for `round` from the expected devices, until all arrive or the timeout passes.
+        `on_report` sees each report as it arrives (the coordinator journals it before the round ends)."""
 
     def close(self) -> None:
         pass

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from edgefl.errors import ArtifactError, ReportRejected, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest
@@ -78,10 +79,27 @@ class WireTransport(Transport):
         self.wire.publish(topics.instruction(device), Assignment(instruction, blob, artifacts).dumps())
 
     # -------------------------------------------------------------------------------- up
-    def collect(self, round: int, expected: Iterable[str], timeout_s: Optional[float]) -> list[DeviceReport]:
+    def collect(self, round: int, expected: Iterable[str], timeout_s: Optional[float],
+                on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
         expected = set(expected)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        seen: set[str] = set()
+
+        def news() -> bool:
+            done = self._done.get(round, {}).keys()
+            return expected <= done or bool(done - seen)
+
+        while True:
+            with self._cond:
+                self._cond.wait_for(news, None if deadline is None else max(0.0, deadline - time.monotonic()))
+                done = dict(self._done.get(round, {}))
+            for device in sorted(done.keys() - seen):
+                seen.add(device)
+                if on_report is not None:    # outside the lock: a journal write must not stall the receive thread
+                    on_report(done[device])
+            if expected <= seen or (deadline is not None and time.monotonic() >= deadline):
+                break
         with self._cond:
-            self._cond.wait_for(lambda: expected <= self._done.get(round, {}).keys(), timeout_s)
             reports = self._done.pop(round, {})
             for late, devices in self._done.items():
                 if late < round:    # a round already closed: its aggregate is final

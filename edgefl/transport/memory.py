@@ -51,10 +51,13 @@ class InMemoryTransport(WireTransport):
         self.bytes_up += report.upload_bytes
         self._pending.setdefault(instruction.round, []).append(report)
 
-    def collect(self, round: int, expected: Iterable[str], timeout_s: float | None) -> list[DeviceReport]:
+    def collect(self, round: int, expected: Iterable[str], timeout_s: float | None,
+                on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
         if self._factory is None:
-            return super().collect(round, expected, timeout_s)
+            return super().collect(round, expected, timeout_s, on_report)
         reports = self._pending.pop(round, [])
+        for report in reports if on_report is not None else ():
+            on_report(report)
         missing = set(expected) - {r.device_id for r in reports}
         if missing and timeout_s is None:
             raise TransportError(f"round {round}: no report from {sorted(missing)[:3]} (in-memory devices never time out)")

@@ -52,7 +52,7 @@ def test_resume_after_a_kill_mid_round_matches_an_uninterrupted_run(data, fleet_
     from edgefl.transport.memory import InMemoryTransport
     send = InMemoryTransport.send
     monkeypatch.setattr(InMemoryTransport, "send",
-                        lambda self, ins, w: (asked.append((ins.round, ins.device_id)), send(self, ins, w))[1])
+                        lambda self, ins, *rest: (asked.append((ins.round, ins.device_id)), send(self, ins, *rest))[1])
     records, resumed = _run(data, fleet_text, RunState(tmp_path))
 
     assert [r.round for r in records] == [1, 2, 3, 4]

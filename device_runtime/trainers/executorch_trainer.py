@@ -1,0 +1,138 @@
+"""The ExecuTorch trainer for artifacts of edgefl.export.executorch_backend. Imports ExecuTorch (and with
+it torch, which its Python bindings need) only when this runtime is chosen.
+
+The suffix program's `forward` method runs forward and backward; its parameters live in memory the
+runtime owns (loaded from `weights.ptd`), reached through `Method.get_attribute` as tensors that alias
+it. The optimizer is torch.optim (the manifest's SGD or AdamW, torch's semantics exactly) stepping
+those aliases with the gradients the method returns: ExecuTorch's Python bindings expose only SGD, at
+a learning rate fixed when it is created, and the learning rate comes with every step. BN running
+statistics and batch counters are the trainer's: inputs and outputs of the method, initialised from
+`state.npz`. The gradients' order is the program's own (`__et_training_fqn_forward`), their position
+after the user outputs (loss, logits, statistics).
+
+Programs are planned for the artifact's batch (manifest `extra["batch"]`): training takes exactly that
+many rows; evaluation and the prefix pad the last chunk (padded targets are ignored).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgefl.device_runtime.trainers.base import IGNORE_INDEX, ArtifactTrainer, in_chunks
+from edgefl.errors import ArtifactError, ConfigError
+from edgefl.manifest import ArtifactSet
+
+FQN_METHOD = "__et_training_fqn_forward"
+
+
+def _load(path: Path, data: Path | None = None):
+    from executorch.extension.pybindings import portable_lib as et
+    try:
+        return et._load_program(str(path), data_path=None if data is None else str(data))
+    except RuntimeError as exc:
+        raise ArtifactError(f"{path}: ExecuTorch cannot load the program ({exc}); re-export it") from None
+
+
+def _pad(arrays, rows: int) -> list:
+    """Each array grown to `rows` rows by repeating its first row (real values: no NaN in padding)."""
+    return [a if len(a) == rows else np.concatenate([a, np.repeat(a[:1], rows - len(a), axis=0)]) for a in arrays]
+
+
+class ExecuTorchTrainer(ArtifactTrainer):
+    runtime = "executorch"
+    exact_batch = True      # programs are planned for one batch size: a smaller remainder is skipped
+
+    def __init__(self, artifacts: ArtifactSet, threads: int = 1):
+        super().__init__(artifacts, threads)
+        import torch
+        from executorch.extension.pybindings import portable_lib as et
+
+        torch.set_num_threads(threads)
+        et._unsafe_reset_threadpool(threads)      # nothing runs yet: the one moment this is safe
+        self._torch = torch
+        m, folder = self.manifest, artifacts.folder
+        self.rows = int(m.extra["batch"])
+        self.prefix = None
+        if artifacts.prefix is not None:
+            self.prefix = _load(artifacts.prefix_folder / artifacts.prefix.file("model")).load_method("forward")
+            self.prefix_rows = int(artifacts.prefix.extra["batch"])
+        self.program = _load(folder / m.file("program"), folder / m.file("weights"))
+        self.train_method = self.program.load_method("forward")
+        self._evaluate = None
+        key = m.extra["prefix"]
+        self.order = [name[len(key):] for name in self.program.load_method(FQN_METHOD).call([])]
+        self.params = {name: self.train_method.get_attribute(key + name) for name in self.order}
+        with np.load(folder / m.file("statistics")) as state:
+            buffers = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+        self.stats = [buffers[k] for k in m.extra["statistics"]]
+        self.counters = {e.local: buffers[e.local] for e in m.trainable if e.kind == "counter"}
+        trained = [self.params[name] for name in self.order]
+        spec = m.optimizer
+        self.optimizer = (torch.optim.SGD(trained, lr=0.0, momentum=spec.momentum, weight_decay=spec.weight_decay)
+                          if spec.name == "sgd" else
+                          torch.optim.AdamW(trained, lr=0.0, betas=spec.betas, eps=spec.eps,
+                                            weight_decay=spec.weight_decay))
+
+    def prefix_features(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if self.prefix is None:
+            return (np.asarray(x),)
+
+        def run(part):
+            outs = self.prefix.call([self._torch.from_numpy(a) for a in _pad([np.ascontiguousarray(part)],
+                                                                            self.prefix_rows)])
+            return [o.numpy()[: len(part)] for o in outs]
+        return in_chunks(run, x, self.prefix_rows)
+
+    def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        if len(x) != self.rows:
+            raise ConfigError(f"{self.artifacts.folder / 'manifest.json'}: the ExecuTorch program trains batches "
+                              f"of exactly {self.rows} examples, got {len(x)}; give at least {self.rows} examples "
+                              "or export the artifact with that batch size")
+        torch = self._torch
+        features = [torch.from_numpy(np.ascontiguousarray(f)) for f in self.prefix_features(x)]
+        labels = torch.from_numpy(np.asarray(y, np.int64).reshape(-1))
+        outs = self.train_method.call([*features, labels, *self.stats], clone_outputs=False)
+        loss, first = float(outs[0]), 2 + len(self.stats)
+        self.stats = [t.clone() for t in outs[2:first]]
+        for name, grad in zip(self.order, outs[first:first + len(self.order)], strict=True):
+            self.params[name].grad = grad
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        for p in self.params.values():
+            p.grad = None                 # the gradients are the program's memory, rewritten next step
+        for counter in self.counters.values():
+            counter += 1
+        self.steps += 1
+        return loss
+
+    def eval_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+        if self._evaluate is None:
+            self._evaluate = self.program.load_method("evaluate")
+        torch = self._torch
+        rows = len(np.asarray(y).reshape(-1)) // max(len(x), 1)
+        outs = [[], []]
+        for start in range(0, len(x), self.rows):
+            xb = x[start:start + self.rows]
+            yb = np.asarray(y, np.int64).reshape(-1)[start * rows:(start + len(xb)) * rows]
+            features = _pad(self.prefix_features(xb), self.rows)
+            labels = np.concatenate([yb, np.full(self.rows * rows - len(yb), IGNORE_INDEX, np.int64)])
+            loss, logits = self._evaluate.call([*map(torch.from_numpy, features), torch.from_numpy(labels),
+                                                *[self.params[k] for k in self.manifest.extra["parameters"]],
+                                                *self.stats])
+            counted = int((yb != IGNORE_INDEX).sum())
+            if counted:
+                outs[0].append((float(loss), counted))
+            outs[1].append(logits.numpy()[: len(yb)])
+        counted = sum(n for _, n in outs[0])
+        mean = sum(l * n for l, n in outs[0]) / counted if counted else float("nan")
+        return mean, np.concatenate(outs[1])
+
+    def trained_tensors(self) -> dict[str, np.ndarray]:
+        stats = dict(zip(self.manifest.extra["statistics"], self.stats, strict=True))
+        out = {}
+        for e in self.manifest.trainable:
+            value = {"parameter": self.params, "statistic": stats, "counter": self.counters}[e.kind][e.local]
+            out[e.name] = value.detach().numpy().copy()
+        return out

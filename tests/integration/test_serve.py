@@ -1,0 +1,118 @@
+"""`edgefl serve` driving real device processes over a real mosquitto (issue: real devices over MQTT)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edgefl.fleet import parse_fleet
+from edgefl.strategies import PlanContext
+from edgefl.zoo import ModelRef
+from served_run import ServedRun, edgefl, write_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+CNN = ModelRef.of("cnn")
+
+
+def one_frozen_layer_budget(runtime: str) -> int:
+    """A memory budget under which FedOLF freezes exactly the CNN's first layer on `runtime`: between the
+    predicted peaks of training layers 1.. and training everything."""
+    ctx = PlanContext(parse_fleet("fleet: {groups: {g: {count: 1, memory_budget: 4GiB}}}"), CNN, batch_size=32)
+    one, none = (ctx.cost(ctx.config(frozen_prefix=k), runtime).peak_memory_bytes for k in (1, 0))
+    assert one < none
+    return one + min(2**20, (none - one) // 2)
+
+
+def mixed_fleet() -> str:
+    groups = {"pi": ("ort", 2), "phone": ("executorch", 1), "laptop": ("torch", 1)}
+    lines = [f"    {name}: {{count: {n}, runtime: {rt}, memory_budget: {one_frozen_layer_budget(rt)}}}"
+             for name, (rt, n) in groups.items()]
+    return "fleet:\n  name: mixed\n  groups:\n" + "\n".join(lines) + "\n"
+
+
+def initial_accuracy(test_limit: int, seed: int) -> float:
+    """The global model before round 1, as serve builds it (same seed), on the same test subset."""
+    from edgefl.cli.emulate_cmd import _subset
+    from edgefl.cli.emulation import TorchServerModel, torch_trainer
+    from edgefl.data import load_dataset
+
+    test = _subset(load_dataset("fashion-mnist", split="test"), test_limit, seed + 1)
+    return TorchServerModel(CNN, test, torch_trainer(CNN), seed).evaluate()["accuracy"]
+
+
+def test_four_devices_three_runtimes_three_rounds(tmp_path):
+    fleet, plan = write_plan(tmp_path, mixed_fleet(), "fedolf", rounds=3)
+    for g in json.loads(plan.read_text())["groups"].values():
+        assert g["steps"][0]["config"]["frozen_prefix"] == 1, g   # every device keeps layer 0 frozen
+    with ServedRun(tmp_path, fleet, plan) as run:
+        history = run.serve(tmp_path / "state", 3, "--dataset", "fashion-mnist", "--test-limit", "500",
+                            "--round-timeout", "300")
+    rounds = history["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    for r in rounds:
+        assert r["aggregated"] and sum(r["participating_devices"].values()) == 4, (r["failed"], r["missing"])
+        for device, metrics in r["device_metrics"].items():
+            assert r["measured_peak_bytes"][device] > 0
+            energy = metrics["energy"]
+            assert energy["source"] in ("rapl", "ina219", "battery", "profile") and energy["joules"] > 0
+            assert energy["estimated"] == (energy["source"] == "profile")
+            assert metrics["runtime"] == {"pi": "ort", "phone": "executorch", "laptop": "torch"}[r["sampled"][device]]
+    assert rounds[-1]["accuracy"] > initial_accuracy(500, 0)
+
+    # upload: exactly the trained tensors as one float32 buffer, plus the protocol's framing
+    trained_bytes = _trained_tensor_bytes(tmp_path / "state" / "artifacts")
+    for r in rounds:
+        assert r["upload_bytes"] == 4 * trained_bytes
+        for device, metrics in r["device_metrics"].items():
+            up = metrics["transport"]["upload"]     # tensor buffer + the report's JSON, then MQTT framing
+            assert trained_bytes < up["payload_bytes"] <= trained_bytes + 64 * 1024
+            assert up["payload_bytes"] < up["wire_bytes"] <= up["payload_bytes"] + 64 * up["messages"]
+
+    # the frozen prefix travels once per device: later rounds download less than round 1 by at least its size
+    prefix_bytes = _prefix_bytes(tmp_path / "state" / "artifacts")
+    for device in rounds[0]["device_metrics"]:
+        first = rounds[0]["device_metrics"][device]["transport"]["download"]["payload_bytes"]
+        for r in rounds[1:]:
+            later = r["device_metrics"][device]["transport"]["download"]["payload_bytes"]
+            assert later + prefix_bytes[rounds[0]["sampled"][device]] <= first, (device, first, later)
+
+
+def _trained_tensor_bytes(artifacts: Path) -> int:
+    sizes = set()
+    for manifest in artifacts.glob("*/manifest.json"):
+        m = json.loads(manifest.read_text())
+        sizes.add(sum(4 * int(np.prod(t["shape"])) for t in m["trainable"]))
+    assert len(sizes) == 1, sizes       # every group trains layers 1..3 of the same CNN
+    return sizes.pop()
+
+
+def _prefix_bytes(artifacts: Path) -> dict[str, int]:
+    runtime_of_group = {"pi": "ort", "phone": "executorch", "laptop": "torch"}
+    out = {}
+    for group, runtime in runtime_of_group.items():
+        folder = next(artifacts.glob(f"*-{runtime}-*"))
+        m = json.loads((folder / "prefix" / "manifest.json").read_text())
+        out[group] = sum(f["bytes"] for f in m["files"])
+    return out
+
+
+def test_emulation_and_mqtt_reach_the_same_weights(tmp_path):
+    fleet_text = "fleet:\n  name: pair\n  groups:\n    pc: {count: 2, runtime: torch, memory_budget: 2GiB}\n"
+    fleet, plan = write_plan(tmp_path, fleet_text, "fedavg", rounds=2)
+    with ServedRun(tmp_path, fleet, plan, train_limit=600) as run:
+        run.serve(tmp_path / "served", 2, "--round-timeout", "300")
+    r = __import__("subprocess").run(
+        edgefl("emulate", "--devices", str(fleet), "--model", "cnn", "--dataset", "fashion-mnist", "--method",
+               "fedavg", "--rounds", "2", "--clients-per-round", "2", "--train-limit", "600", "--test-limit", "100",
+               "--seed", "0", "-o", str(tmp_path / "emulated")), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    served = torch.load(tmp_path / "served" / "weights.pt")
+    emulated = torch.load(tmp_path / "emulated" / "weights.pt")
+    assert served.keys() == emulated.keys()
+    for key, value in emulated.items():
+        if value.is_floating_point():
+            err = (served[key] - value).norm() / max(value.norm(), 1e-12)
+            assert err <= 1e-5, (key, float(err))
+        else:
+            assert torch.equal(served[key], value), key

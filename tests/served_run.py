@@ -1,0 +1,97 @@
+"""A served run end to end, as an operator starts one: a real mosquitto, `edgefl fleet up` (one
+`edgefl-device` process per device), `edgefl serve`; each a real process, stopped after."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from mosquitto import Mosquitto
+
+DATASET = ["--dataset", "fashion-mnist"]
+
+
+def edgefl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "edgefl", *args]
+
+
+def write_plan(folder: Path, fleet_text: str, method: str, rounds: int, model: str = "cnn") -> tuple[Path, Path]:
+    fleet, plan = folder / "fleet.yaml", folder / "plan.json"
+    fleet.write_text(fleet_text)
+    r = subprocess.run(edgefl("plan", "--devices", str(fleet), "--model", model, "--method", method, "--rounds",
+                              str(rounds), "--format", "json", "-o", str(plan)), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return fleet, plan
+
+
+class ServedRun:
+    """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
+
+    def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0):
+        self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
+        self.train_limit = train_limit
+        self.broker = Mosquitto(folder / "broker", persistence=True)
+        self.devices: Optional[subprocess.Popen] = None
+
+    def __enter__(self) -> "ServedRun":
+        self.broker.start()
+        self.devices = subprocess.Popen(
+            edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
+                   "--train-limit", str(self.train_limit), "--seed", str(self.seed),
+                   "--workdir", str(self.folder / "fleet")),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        return self
+
+    def serve_command(self, state: Path, rounds: int, *extra: str) -> list[str]:
+        return edgefl("serve", "--plan", str(self.plan), "--broker", self.broker.url, "--state", str(state),
+                      "--rounds", str(rounds), "--devices", str(self.fleet), "--seed", str(self.seed),
+                      "--wait-online", "120", *extra)
+
+    def serve(self, state: Path, rounds: int, *extra: str, timeout: float = 600) -> dict:
+        r = subprocess.run(self.serve_command(state, rounds, *extra), capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"serve failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}\n{self.logs()}"
+        return json.loads((state / "history.json").read_text())
+
+    def logs(self) -> str:
+        folder = self.folder / "fleet" / "logs"
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(folder.glob("*.log"))) \
+            if folder.exists() else ""
+
+    def device_pids(self) -> dict[str, int]:
+        """Device id -> pid of its agent (children of `fleet up`)."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"edgefl.device_runtime.cli" in argv and b"--id" in argv and str(self.broker.port).encode() in b" ".join(argv):
+                out[argv[argv.index(b"--id") + 1].decode()] = int(pid)
+        return out
+
+    def __exit__(self, *exc) -> None:
+        if self.devices is not None and self.devices.poll() is None:
+            os.killpg(self.devices.pid, signal.SIGTERM)
+            try:
+                self.devices.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.devices.pid, signal.SIGKILL)
+                self.devices.wait()
+        self.broker.stop()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
