@@ -127,5 +127,5 @@ class DeviceAgent:
         report.status, report.examples = "ok", r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
         report.tensors = unflatten(suffix.trainable, buffer)
-        report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"])
+        report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"], torch_loaded=r["torch_loaded"])
         return report, suffix.trainable

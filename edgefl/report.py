@@ -2,7 +2,8 @@
 
 Plots: accuracy vs round, vs cumulative upload and vs cumulative device FLOPs (SLT Fig. 4 style),
 devices taking part per group and round (who the method leaves out), and each group's predicted peak
-memory against its budget (from the run's plan).
+memory against its budget (from the run's plan) and, for a served run, the peak RSS its devices measured,
+with the median prediction error in the summary table.
 """
 from __future__ import annotations
 
@@ -68,12 +69,37 @@ def _memory_plot(plt, run, path):
     names = sorted(plan.groups)
     budget = [plan.groups[n].memory_budget_bytes / 2**20 for n in names]
     peak = [max((s.predicted.peak_memory_bytes for s in plan.groups[n].steps), default=0) / 2**20 for n in names]
+    measured = _measured_peaks(run)
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], budget, width=0.4, label="budget")
-    ax.bar([x + 0.2 for x in xs], peak, width=0.4, label="predicted peak (max over steps)")
+    width = 0.27 if measured else 0.4
+    ax.bar([x - width / 2 * (2 if measured else 1) for x in xs], budget, width=width, label="budget")
+    ax.bar([x if measured else x + 0.2 for x in xs], peak, width=width, label="predicted peak (max over steps)")
+    if measured:
+        ax.bar([x + width for x in xs], [max(measured.get(n, [0])) / 2**20 for n in names], width=width,
+               label="measured peak RSS (max over reports)")
     ax.set_xticks(list(xs), names, rotation=20)
     _finish(plt, fig, ax, path, "device group", "MiB", run["name"])
+
+
+def _measured_peaks(run) -> dict[str, list[int]]:
+    """Per group, the peak RSS devices reported (served runs; emulated runs have none)."""
+    out: dict[str, list[int]] = {}
+    for r in run["rounds"]:
+        for device, peak in (r.get("measured_peak_bytes") or {}).items():
+            out.setdefault(r["sampled"][device], []).append(peak)
+    return out
+
+
+def prediction_error(run) -> float | None:
+    """Median |predicted - measured| / measured peak over a served run's reports."""
+    errs = sorted(abs(r["predicted_peak_bytes"][d] - m) / m for r in run["rounds"]
+                  for d, m in (r.get("measured_peak_bytes") or {}).items() if m)
+    return errs[len(errs) // 2] if errs else None
+
+
+def _percent(x) -> str:
+    return "not measured (emulated)" if x is None else f"{x:.1%}"
 
 
 def write_report(runs: list[Path], out: Path) -> Path:
@@ -97,7 +123,7 @@ def write_report(runs: list[Path], out: Path) -> Path:
     for i, run in enumerate(loaded):
         figures.append((f"participation_{i}.png", f"Participation per group: {run['name']}",
                         lambda p, run=run: _participation_plot(plt, run, p)))
-        figures.append((f"memory_{i}.png", f"Predicted peak memory vs budget: {run['name']}",
+        figures.append((f"memory_{i}.png", f"Peak memory vs budget: {run['name']}",
                         lambda p, run=run: _memory_plot(plt, run, p)))
     sections = []
     for name, title, draw in figures:
@@ -106,11 +132,12 @@ def write_report(runs: list[Path], out: Path) -> Path:
     rows = "".join(
         f"<tr><td>{html.escape(r['name'])}</td><td>{html.escape(r['plan'].method)}</td>"
         f"<td>{html.escape(r['plan'].model.label())}</td><td>{len(r['rounds'])}</td>"
-        f"<td>{next((x['accuracy'] for x in reversed(r['rounds']) if x['accuracy'] is not None), float('nan')):.4f}</td></tr>"
+        f"<td>{next((x['accuracy'] for x in reversed(r['rounds']) if x['accuracy'] is not None), float('nan')):.4f}</td>"
+        f"<td>{_percent(prediction_error(r))}</td></tr>"
         for r in loaded)
     page = out / "index.html"
     page.write_text(
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>edgefl report</title></head><body>\n"
         "<h1>edgefl report</h1>\n<table border='1' cellpadding='4'><tr><th>run</th><th>method</th><th>model</th>"
-        f"<th>rounds</th><th>final accuracy</th></tr>{rows}</table>\n" + "\n".join(sections) + "\n</body></html>\n")
+        f"<th>rounds</th><th>final accuracy</th><th>peak memory prediction error (median)</th></tr>{rows}</table>\n" + "\n".join(sections) + "\n</body></html>\n")
     return page

@@ -14,3 +14,15 @@ def test_device_info_reports_memory_and_runtimes_without_torch():
     facts = json.loads(r.stdout)
     assert facts["ram_bytes"] > 0 and facts["cpu_count"] >= 1
     assert set(facts["runtimes"]) == {"ort", "executorch", "torch"}
+
+
+def test_the_whole_device_agent_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import edgefl.device_runtime.agent, edgefl.device_runtime.run_cmd, edgefl.device_runtime.worker\n"
+            "import edgefl.device_runtime.mqtt_link, edgefl.device_runtime.memcap, edgefl.hardware.energy\n"
+            "import edgefl.device_runtime.trainers.ort_trainer\n"
+            "from edgefl.device_runtime.cli import main\n"
+            "sys.exit(main(['run', '--help']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "--enforce-memory" in r.stdout
