@@ -23,6 +23,7 @@ from edgefl.plan import Plan, violations
 from edgefl.runstate import RunState
 from edgefl.strategies.base import Strategy
 from edgefl.transport import Transport
+from edgefl.transport.endpoint import UPLOAD_REJECTED
 
 
 @dataclass
@@ -55,7 +56,7 @@ class RoundRecord:
     sampled: dict[str, str]                       # device -> group
     participating: dict[str, int]                 # group -> devices that reported
     skipped: dict[str, str] = field(default_factory=dict)     # device -> why it did not train
-    rejected: dict[str, str] = field(default_factory=dict)    # device -> why its report was dropped
+    rejected: dict[str, str] = field(default_factory=dict)    # device -> why its reports were dropped (' | ')
     failed: dict[str, str] = field(default_factory=dict)      # device -> why it failed the round (e.g. out of memory)
     predicted_peak_bytes: dict[str, int] = field(default_factory=dict)
     measured_peak_bytes: dict[str, int] = field(default_factory=dict)   # peak RSS the device measured
@@ -182,6 +183,8 @@ class Coordinator:
         for report in reports:
             instruction, handle = sent.get(report.device_id, (None, None))
             try:
+                if not report.ok and report.reason.startswith(UPLOAD_REJECTED):   # refused by the transport
+                    raise ReportRejected(f"{report.device_id}: {report.reason}")
                 if instruction is None:
                     raise ReportRejected(f"{report.device_id} was not sampled in round {r}")
                 if report.device_id in accepted:
@@ -195,7 +198,9 @@ class Coordinator:
                     continue
                 contributions.append(self.server.contribution(report, instruction, handle))
             except ReportRejected as exc:
-                record.rejected.setdefault(report.device_id, str(exc))
+                # a device may send several bad reports in a round: each reason stays
+                old = record.rejected.get(report.device_id)
+                record.rejected[report.device_id] = f"{old} | {exc}" if old else str(exc)
                 continue
             accepted.add(report.device_id)
             if report.peak_rss_bytes is not None:

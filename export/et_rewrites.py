@@ -8,17 +8,21 @@ matrix products), the same layers train an order of magnitude faster:
   shifted strided slices stacked along channels (im2col without an im2col kernel), one batched matrix
   product with the weight laid out (kh, kw, in, out).
 * `MatmulLinear`: x @ W^T + b as a batched product (addmm's training kernel is the slow one).
+* `SliceMaxPool2d`: max pooling as a max over stacked window slices: the runtime's own pool backward
+  returns wrong gradients (its docstring).
 * `StatBatchNorm2d`: batch norm written out of mean/var/rsqrt. In training its running statistics are
   values, not buffers mutated in place: it reads them from its buffers (which the exporter replaces by
   program inputs) and leaves the updated ones in `updates`, which the exporter returns as outputs. That
   sidesteps the three traps of train-mode BN in an ExecuTorch training program: no out variant for the
   functional batch-norm op, mutated buffers starting from zero instead of their initial values, and
-  gradient outputs mis-sliced by the stock TrainingModule when buffers mutate.
+  gradient outputs mis-sliced by the stock TrainingModule when buffers mutate. A scalar input chooses
+  batch or running statistics, so the training program evaluates too (no second program, no second
+  memory plan on the device).
 
-Matrix products are written as `bmm` and transposes as `permute` because the exporter hands exactly
-those ops (and the slicing around them) to XNNPACK, whose kernels are an order of magnitude faster than
-the portable ones (edgefl.export.executorch_program). No parameter is ever viewed directly (reshaped,
-unsqueezed in place): ExecuTorch's emitter cannot place a view of an external weight.
+Matrix products are written as single large `bmm`s, which the portable kernels run at full speed, and
+transposes as `permute` (edgefl.export.executorch_program moves them onto the smaller operand). No
+parameter is ever reshaped directly:
+ExecuTorch's emitter cannot place a view of an external weight (an unsqueeze is a copy there).
 
 `rewrite(module)` returns a deep copy with every such layer replaced; `load_state_dict` of the original
 state loads into it unchanged.
@@ -35,14 +39,14 @@ def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _pad_channels_last(x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
-    """Zero padding of an (N, H, W, C) tensor by concatenation (F.pad's backward crashed the runtime)."""
+def _pad_channels_last(x: torch.Tensor, ph: int, pw: int, value: float = 0.0) -> torch.Tensor:
+    """Constant padding of an (N, H, W, C) tensor by concatenation (F.pad's backward crashed the runtime)."""
     n, h, w, c = x.shape
     if ph:
-        rows = x.new_zeros(n, ph, w, c)
+        rows = x.new_full((n, ph, w, c), value)
         x = torch.cat([rows, x, rows], dim=1)
     if pw:
-        cols = x.new_zeros(n, h + 2 * ph, pw, c)
+        cols = x.new_full((n, h + 2 * ph, pw, c), value)
         x = torch.cat([cols, x, cols], dim=2)
     return x
 
@@ -107,7 +111,11 @@ class MatmulLinear(nn.Module):
 
 
 class StatBatchNorm2d(nn.Module):
-    """nn.BatchNorm2d (affine, tracked statistics) with its running statistics updated out of place."""
+    """nn.BatchNorm2d (affine, tracked statistics) with its running statistics updated out of place.
+
+    In train mode it normalises with `batch_statistics` * batch statistics + (1 - `batch_statistics`) *
+    running statistics: 1 (the default) is torch's train mode exactly (x * 1 and x + 0 are exact), 0 its
+    eval mode, so one training program also evaluates (the exporter feeds both as inputs)."""
 
     def __init__(self, bn: nn.BatchNorm2d):
         super().__init__()
@@ -115,6 +123,7 @@ class StatBatchNorm2d(nn.Module):
         self.register_buffer("running_mean", bn.running_mean)
         self.register_buffer("running_var", bn.running_var)
         self.register_buffer("num_batches_tracked", bn.num_batches_tracked)
+        self.register_buffer("batch_statistics", torch.ones(()), persistent=False)
         self.eps, self.momentum = bn.eps, bn.momentum
         self.updates: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -123,21 +132,50 @@ class StatBatchNorm2d(nn.Module):
         return bn.affine and bn.track_running_stats and bn.momentum is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = self.bias.unsqueeze(-1).unsqueeze(-1)     # a copy, not a view of the weight (see MatmulConv2d)
-        if not self.training:
-            scale = torch.rsqrt(self.running_var + self.eps) * self.weight
-            return (x - self.running_mean.reshape(1, -1, 1, 1)) * scale.reshape(1, -1, 1, 1) + bias
-        mean = x.mean(dim=(0, 2, 3), keepdim=True)
-        centred = x - mean
-        var = (centred * centred).mean(dim=(0, 2, 3))
+        mean, var = self.running_mean, self.running_var
+        if self.training:
+            batch_mean = x.mean(dim=(0, 2, 3))
+            centred = x - batch_mean.reshape(1, -1, 1, 1)
+            batch_var = (centred * centred).mean(dim=(0, 2, 3))
+            n, m = x.numel() // x.shape[1], self.momentum
+            # torch updates the running variance with the unbiased batch variance
+            self.updates = ((1 - m) * mean + m * batch_mean.detach(),
+                            (1 - m) * var + m * batch_var.detach() * (n / max(n - 1, 1)))
+            t = self.batch_statistics
+            mean, var = t * batch_mean + (1 - t) * mean, t * batch_var + (1 - t) * var
         scale = torch.rsqrt(var + self.eps) * self.weight
-        y = centred * scale.reshape(1, -1, 1, 1) + bias
-        n = x.numel() // x.shape[1]
-        m = self.momentum
-        # torch updates the running variance with the unbiased batch variance
-        self.updates = ((1 - m) * self.running_mean + m * mean.detach().reshape(-1),
-                        (1 - m) * self.running_var + m * var.detach() * (n / max(n - 1, 1)))
-        return y
+        bias = self.bias.unsqueeze(-1).unsqueeze(-1)     # a copy, not a view of the weight (module docstring)
+        return (x - mean.reshape(1, -1, 1, 1)) * scale.reshape(1, -1, 1, 1) + bias
+
+
+class SliceMaxPool2d(nn.Module):
+    """nn.MaxPool2d (floor mode) as the max over its k*k strided window slices, stacked on a last axis.
+
+    ExecuTorch's portable max_pool2d_with_indices_backward scatter-adds into a gradient buffer it never
+    zeroes (pytorch/executorch#21686, fixed after the pinned release): every convolution before a pool
+    then trains on stale arena bytes. A max over a stacked axis has a backward that scatters into fresh
+    zeros. Windows are stacked in the pool's scan order and `max` keeps the first of equal values, so
+    ties route the gradient where torch's pool routes it."""
+
+    def __init__(self, pool: nn.MaxPool2d):
+        super().__init__()
+        self.kernel = _pair(pool.kernel_size)
+        self.stride = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
+        self.padding, self.dilation = _pair(pool.padding), _pair(pool.dilation)
+
+    @staticmethod
+    def supports(pool: nn.MaxPool2d) -> bool:
+        return not pool.ceil_mode and not pool.return_indices
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.stride, self.padding, self.dilation
+        if ph or pw:          # padded positions are never the maximum (-inf), as in torch's pool
+            x = _pad_channels_last(x.permute(0, 2, 3, 1), ph, pw, float("-inf")).permute(0, 3, 1, 2)
+        h, w = x.shape[2:]
+        ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+        windows = [x[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw]
+                   for i in range(kh) for j in range(kw)]
+        return torch.stack(windows, dim=-1).max(dim=-1).values
 
 
 def _replacement(mod: nn.Module) -> nn.Module | None:
@@ -147,6 +185,10 @@ def _replacement(mod: nn.Module) -> nn.Module | None:
         return MatmulLinear(mod)
     if type(mod) is nn.BatchNorm2d and StatBatchNorm2d.supports(mod):
         return StatBatchNorm2d(mod)
+    if type(mod) is nn.MaxPool2d:
+        if not SliceMaxPool2d.supports(mod):    # the runtime's own pool would train on garbage gradients
+            raise NotImplementedError(f"ExecuTorch training of {mod} (ceil mode or returned indices)")
+        return SliceMaxPool2d(mod)
     return None
 
 
@@ -165,11 +207,3 @@ def rewrite(module: nn.Module) -> nn.Module:
 def batch_norms(module: nn.Module) -> list[tuple[str, StatBatchNorm2d]]:
     """The rewritten batch norms of `module` with their qualified names, in module order."""
     return [(name, m) for name, m in module.named_modules() if isinstance(m, StatBatchNorm2d)]
-
-
-@torch.no_grad()
-def check_same_state(original: nn.Module, rewritten: nn.Module) -> None:
-    """Internal invariant: the rewrite kept every state_dict name and shape."""
-    a, b = original.state_dict(), rewritten.state_dict()
-    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
-        raise AssertionError(f"rewrite changed the state_dict: {sorted(a.keys() ^ b.keys())[:4]}")

@@ -2,7 +2,7 @@
 program whose weights live in a `.ptd` (edgefl.export.executorch_program describes both programs).
 
 Files. Prefix: `prefix.pte` (eval mode, weights inside, static batch `extra["batch"]`: the trainer runs
-it in chunks). Suffix: `suffix.pte` (methods `forward`, training, and `evaluate`), `weights.ptd` (the
+it in chunks). Suffix: `suffix.pte` (the training program, which also evaluates), `weights.ptd` (the
 parameters, external mutable weights), `state.npz` (BN running statistics and batch counters by
 suffix key: program inputs the trainer keeps, not weights the runtime holds).
 
@@ -10,9 +10,9 @@ Refreshing weights (`write_weights`) rewrites `weights.ptd` and `state.npz`, nev
 `.ptd` keeps its keys and layouts, only the bytes change.
 
 `extra` (read by edgefl.device_runtime.trainers.executorch_trainer): `prefix`, the key prefix of
-parameters in the program and the `.ptd`; `parameters`, the trained parameters in the `evaluate`
-method's input order; `statistics`, the BN running statistics in input order; `batch`, the batch the
-programs are planned for (training takes exactly that many rows; evaluation pads to it).
+parameters in the program and the `.ptd`; `statistics`, the BN running statistics in input order;
+`batch`, the batch the programs are planned for (training takes exactly that many rows; evaluation pads
+to it).
 """
 from __future__ import annotations
 
@@ -87,8 +87,7 @@ class ExecuTorchBackend(Backend):
         return SuffixFiles({"suffix.pte": "program", "weights.ptd": "weights", "state.npz": "statistics"},
                            _io([*features, "labels"], example),
                            [IOSpec("loss", (), "float32"), *_io(["logits"], [program.logits])],
-                           extra={"prefix": PREFIX, "parameters": program.parameters,
-                                  "statistics": program.statistics, "batch": len(example[0])})
+                           extra={"prefix": PREFIX, "statistics": program.statistics, "batch": len(example[0])})
 
     def write_weights(self, out: Path, manifest: Manifest, tensors: dict[str, np.ndarray]) -> list[str]:
         entries = (*manifest.trainable, *manifest.frozen)

@@ -1,17 +1,18 @@
 """The ExecuTorch trainer for artifacts of edgefl.export.executorch_backend. Imports ExecuTorch (and with
 it torch, which its Python bindings need) only when this runtime is chosen.
 
-The suffix program's `forward` method runs forward and backward; its parameters live in memory the
-runtime owns (loaded from `weights.ptd`), reached through `Method.get_attribute` as tensors that alias
-it. The optimizer is torch.optim (the manifest's SGD or AdamW, torch's semantics exactly) stepping
-those aliases with the gradients the method returns: ExecuTorch's Python bindings expose only SGD, at
-a learning rate fixed when it is created, and the learning rate comes with every step. BN running
-statistics and batch counters are the trainer's: inputs and outputs of the method, initialised from
-`state.npz`. The gradients' order is the program's own (`__et_training_fqn_forward`), their position
-after the user outputs (loss, logits, statistics).
+The suffix program's one method runs forward and backward (edgefl.export.executorch_program has its
+signature). Its parameters live in memory the runtime owns (loaded from `weights.ptd`), reached through
+`Method.get_attribute` as tensors that alias it. The optimizer is torch.optim (the manifest's SGD or
+AdamW: torch's semantics exactly) stepping those aliases with the gradients the method returns:
+ExecuTorch's Python bindings expose only SGD, at a learning rate fixed when it is created, and the
+learning rate comes with every step. BN running statistics and batch counters are the trainer's, inputs
+and outputs of the method, initialised from `state.npz`. Gradients come in the program's own order
+(`__et_training_fqn_forward`), after the user outputs (loss, logits, statistics).
 
-Programs are planned for the artifact's batch (manifest `extra["batch"]`): training takes exactly that
-many rows; evaluation and the prefix pad the last chunk (padded targets are ignored).
+Evaluation runs the same method with BN on its running statistics and drops what it returns besides the
+loss and logits. The program is planned for the artifact's batch (manifest `extra["batch"]`): training
+takes exactly that many rows; evaluation and the prefix pad the last chunk (padded targets are ignored).
 """
 from __future__ import annotations
 
@@ -58,11 +59,10 @@ class ExecuTorchTrainer(ArtifactTrainer):
             self.prefix = _load(artifacts.prefix_folder / artifacts.prefix.file("model")).load_method("forward")
             self.prefix_rows = int(artifacts.prefix.extra["batch"])
         self.program = _load(folder / m.file("program"), folder / m.file("weights"))
-        self.train_method = self.program.load_method("forward")
-        self._evaluate = None
+        self.method = self.program.load_method("forward")
         key = m.extra["prefix"]
         self.order = [name[len(key):] for name in self.program.load_method(FQN_METHOD).call([])]
-        self.params = {name: self.train_method.get_attribute(key + name) for name in self.order}
+        self.params = {name: self.method.get_attribute(key + name) for name in self.order}
         with np.load(folder / m.file("statistics")) as state:
             buffers = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
         self.stats = [buffers[k] for k in m.extra["statistics"]]
@@ -84,15 +84,19 @@ class ExecuTorchTrainer(ArtifactTrainer):
             return [o.numpy()[: len(part)] for o in outs]
         return in_chunks(run, x, self.prefix_rows)
 
+    def _run(self, features, labels: np.ndarray, train: bool) -> list:
+        torch = self._torch
+        switch = torch.ones(()) if train else torch.zeros(())
+        return self.method.call([*[torch.from_numpy(np.ascontiguousarray(f)) for f in features],
+                                 torch.from_numpy(np.asarray(labels, np.int64).reshape(-1)), switch, *self.stats],
+                                clone_outputs=False)
+
     def train_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         if len(x) != self.rows:
             raise ConfigError(f"{self.artifacts.folder / 'manifest.json'}: the ExecuTorch program trains batches "
                               f"of exactly {self.rows} examples, got {len(x)}; give at least {self.rows} examples "
                               "or export the artifact with that batch size")
-        torch = self._torch
-        features = [torch.from_numpy(np.ascontiguousarray(f)) for f in self.prefix_features(x)]
-        labels = torch.from_numpy(np.asarray(y, np.int64).reshape(-1))
-        outs = self.train_method.call([*features, labels, *self.stats], clone_outputs=False)
+        outs = self._run(self.prefix_features(x), y, train=True)
         loss, first = float(outs[0]), 2 + len(self.stats)
         self.stats = [t.clone() for t in outs[2:first]]
         for name, grad in zip(self.order, outs[first:first + len(self.order)], strict=True):
@@ -108,26 +112,20 @@ class ExecuTorchTrainer(ArtifactTrainer):
         return loss
 
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-        if self._evaluate is None:
-            self._evaluate = self.program.load_method("evaluate")
-        torch = self._torch
-        rows = len(np.asarray(y).reshape(-1)) // max(len(x), 1)
-        outs = [[], []]
+        y = np.asarray(y, np.int64).reshape(-1)
+        rows = len(y) // max(len(x), 1)
+        losses, logits = [], []
         for start in range(0, len(x), self.rows):
             xb = x[start:start + self.rows]
-            yb = np.asarray(y, np.int64).reshape(-1)[start * rows:(start + len(xb)) * rows]
-            features = _pad(self.prefix_features(xb), self.rows)
+            yb = y[start * rows:(start + len(xb)) * rows]
             labels = np.concatenate([yb, np.full(self.rows * rows - len(yb), IGNORE_INDEX, np.int64)])
-            loss, logits = self._evaluate.call([*map(torch.from_numpy, features), torch.from_numpy(labels),
-                                                *[self.params[k] for k in self.manifest.extra["parameters"]],
-                                                *self.stats])
-            counted = int((yb != IGNORE_INDEX).sum())
-            if counted:
-                outs[0].append((float(loss), counted))
-            outs[1].append(logits.numpy()[: len(yb)])
-        counted = sum(n for _, n in outs[0])
-        mean = sum(l * n for l, n in outs[0]) / counted if counted else float("nan")
-        return mean, np.concatenate(outs[1])
+            outs = self._run(_pad(self.prefix_features(xb), self.rows), labels, train=False)
+            if counted := int((yb != IGNORE_INDEX).sum()):
+                losses.append((float(outs[0]), counted))
+            logits.append(outs[1].numpy()[: len(yb)].copy())
+        counted = sum(n for _, n in losses)
+        mean = sum(loss * n for loss, n in losses) / counted if counted else float("nan")
+        return mean, np.concatenate(logits)
 
     def trained_tensors(self) -> dict[str, np.ndarray]:
         stats = dict(zip(self.manifest.extra["statistics"], self.stats, strict=True))

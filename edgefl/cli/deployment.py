@@ -10,11 +10,13 @@ artifact set of its config for its runtime, filled with its slice of the current
 * shipping it (`WireTransport.ship_artifact`) offers the manifest and every file by sha256: a device
   fetches only what its cache lacks, so unchanged graphs and an unchanged frozen prefix never travel twice;
 * the instruction carries the set's id and the cost model's predicted peak, which the device checks
-  against the memory it declared before it trains.
+  against the memory it declared before it trains, and the bytes its upload may hold (`upload_bytes`),
+  past which the transport refuses it.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
@@ -101,7 +103,7 @@ class DeployedServerModel(TorchServerModel):
 
     def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
         delivery = super().weights_for(instruction, device_seed)
-        parts, _ = delivery.handle
+        parts, expected = delivery.handle
         (config, indices), = parts          # check_deployable: one config per instruction
         folder = self.shipper.prepare(self.ref, config, indices, self.runtime_of[instruction.device_id], self.state,
                                       instruction.weights_version)
@@ -112,4 +114,7 @@ class DeployedServerModel(TorchServerModel):
         delivery.weights = {}
         if "peak_memory_bytes" in predicted:
             delivery.options["predicted_peak_bytes"] = predicted["peak_memory_bytes"]
+        # the trained tensors as they travel up (one flat float32 buffer): the transport refuses an upload
+        # past this before it holds the rest of it
+        delivery.options["upload_bytes"] = 4 * sum(math.prod(shape) for shape, _ in expected.values())
         return delivery

@@ -6,10 +6,18 @@ artifacts shipped to it (`ship`). Up: a report is its chunked tensor buffer and 
 together here and checked (sha256, size, tensor order) before `collect` hands it out; the bytes it took
 are measured here (payload and MQTT framing) and set on the report. Presence: retained `presence/<id>`
 messages (a device's announcement, or its last will) tell who is online with which profile.
+
+Uploads are held only where this end asked for them: tensors for a (device, round) it sent no instruction
+for (a closed round, one not started, a device not sampled) are dropped as they arrive and the upload
+becomes a refused report; an upload past the instruction's `upload_bytes` is refused as soon as it is
+past, before the rest arrives. A refused upload is a failed report whose reason starts with
+UPLOAD_REJECTED. A device's first report of a round is its answer; any further one (a replay, a second
+try) goes to the coordinator beside it, which judges it, instead of replacing it.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,12 +35,15 @@ from edgefl.transport.tensors import order_from_json, pack, unpack
 from edgefl.transport.wire import Traffic, Wire, log
 
 COORDINATOR_ID = "edgefl-coordinator"
+UPLOAD_REJECTED = "upload rejected"     # the reason's prefix of a report this end refused
 
 
 @dataclass
 class _Upload:
     meta: Optional[bytes] = None
     chunks: dict = field(default_factory=dict)
+    held: int = 0                 # chunk bytes held
+    refused: str = ""             # why its chunks are being dropped
     traffic: Traffic = field(default_factory=Traffic)
 
 
@@ -42,7 +53,11 @@ class WireTransport(Transport):
         self.artifacts = ArtifactServer(wire, chunk_size, window)
         self._cond = threading.Condition()
         self._uploads: dict[tuple[str, int], _Upload] = {}
-        self._done: dict[int, dict[str, DeviceReport]] = {}
+        self._done: dict[int, dict[str, DeviceReport]] = {}      # round -> device -> its first report
+        self._further: dict[int, list[DeviceReport]] = {}         # round -> later reports of the same devices
+        self._strays: list[DeviceReport] = []                     # refused, for no sent round: the next collect
+        self._limits: dict[tuple[str, int], Optional[int]] = {}  # (device, round) instructed -> upload bytes
+        self._sent_round = self._closed_round = 0
         self._presence: dict[str, dict] = {}
         wire.on_message(self._on_message)
         wire.subscribe(topics.COORDINATOR_FILTERS)
@@ -76,6 +91,9 @@ class WireTransport(Transport):
         if weights:
             buffer, order = pack(weights)
             blob = TensorBlob(self.artifacts.offer(device, buffer, slot="weights"), len(buffer), order)
+        with self._cond:        # before the instruction is out: a fast device's answer must find it
+            self._limits[(device, instruction.round)] = instruction.option("upload_bytes")
+            self._sent_round = max(self._sent_round, instruction.round)
         self.wire.publish(topics.instruction(device), Assignment(instruction, blob, artifacts).dumps())
 
     # -------------------------------------------------------------------------------- up
@@ -101,12 +119,16 @@ class WireTransport(Transport):
                 break
         with self._cond:
             reports = self._done.pop(round, {})
+            further, self._strays = self._further.pop(round, []) + self._strays, []
             for late, devices in self._done.items():
                 if late < round:    # a round already closed: its aggregate is final
                     log.warning("dropped late reports for closed round %d from %s", late, ", ".join(sorted(devices)))
             self._done = {r: v for r, v in self._done.items() if r > round}
+            self._further = {r: v for r, v in self._further.items() if r > round}
             self._uploads = {k: v for k, v in self._uploads.items() if k[1] > round}
-        return [reports[d] for d in sorted(reports)]
+            self._limits = {k: v for k, v in self._limits.items() if k[1] > round}
+            self._closed_round = max(self._closed_round, round)
+        return [reports[d] for d in sorted(reports)] + further
 
     def reports_in(self, round: int) -> int:
         """Reports complete for `round` and not yet collected (a live view's counter)."""
@@ -152,48 +174,113 @@ class WireTransport(Transport):
             self._cond.notify_all()
 
     def _on_upload(self, t: topics.Topic, payload: bytes, wire_bytes: int) -> None:
+        key = (t.device, t.round)
         with self._cond:
-            up = self._uploads.setdefault((t.device, t.round), _Upload())
+            if key not in self._limits and (t.kind == "result_chunk" or _declares_tensors(payload)):
+                if t.kind == "result_meta":   # its chunks were dropped as they came: nobody asked for them
+                    self._refuse_unsent(t.device, t.round, payload)
+                return
+            up = self._uploads.setdefault(key, _Upload())
             if t.kind == "result_chunk":
-                if t.seq in up.chunks:
-                    return                       # redelivered
+                if up.refused or t.seq in up.chunks:
+                    return                       # refused, or redelivered
                 up.chunks[t.seq] = payload
+                up.held += len(payload)
+                limit = self._limits[key]
+                if limit is not None and up.held > limit:
+                    up.refused = f"more than the {limit} bytes of tensors its instruction expects"
+                    up.chunks.clear()
             elif up.meta is None:
                 up.meta = payload
             else:
                 return
             up.traffic.add(len(payload), wire_bytes)
-            report = self._finish(t.device, t.round, up)
+            report = self._finish(t.device, t.round, up, self._limits.get(key))
             if report is not None:
-                del self._uploads[(t.device, t.round)]
-                self._done.setdefault(t.round, {})[t.device] = report
-                self._cond.notify_all()
+                del self._uploads[key]
+                self._file(report, t.round)
+
+    def _file(self, report: DeviceReport, round: int) -> None:
+        answers = self._done.setdefault(round, {})
+        if report.device_id in answers:   # never replaces the first: the coordinator judges both
+            log.warning("%s: a further report for round %d", report.device_id, round)
+            self._further.setdefault(round, []).append(report)
+        else:
+            answers[report.device_id] = report
+        self._cond.notify_all()
+
+    def _refuse_unsent(self, device: str, round: int, meta: bytes) -> None:
+        """A report with tensors for a (device, round) this end sent no instruction for: it goes to the next
+        collect as a refused report, so the round it arrived in records it."""
+        if round <= self._closed_round:
+            why = f"round {round} is closed"
+        elif round > self._sent_round:
+            why = f"no instruction for round {round} has been sent yet"
+        else:
+            why = f"{device} was not sent an instruction for round {round}"
+        log.warning("%s: refused a report: %s", device, why)
+        self._strays.append(DeviceReport(round=round, device_id=device, config_hash=_config_hash(meta),
+                                         status="failed", reason=f"{UPLOAD_REJECTED}: {why}"))
+        self._cond.notify_all()
 
     @staticmethod
-    def _finish(device: str, round: int, up: _Upload) -> Optional[DeviceReport]:
+    def _finish(device: str, round: int, up: _Upload, limit: Optional[int]) -> Optional[DeviceReport]:
         """The report once the meta and all chunks are in (None before); a bad upload becomes a failed report."""
         if up.meta is None:
             return None
-        summary: dict = {}
         try:
             meta = envelopes.loads(up.meta, f"{device}: report")
             if meta.get("schema") != envelopes.REPORT:
                 raise ReportRejected(f"schema {meta.get('schema')!r}, expected {envelopes.REPORT!r}")
             summary, info, download = meta["report"], meta["tensors"], meta.get("download", {})
+            if up.refused:
+                raise ReportRejected(up.refused)
+            if limit is not None and int(info["bytes"]) > limit:
+                raise ReportRejected(f"{int(info['bytes'])} bytes of tensors, more than the {limit} its instruction "
+                                     "expects")
             if len(up.chunks) < int(info["chunks"]):
                 return None
             buffer = b"".join(up.chunks[i] for i in range(int(info["chunks"])))
             if len(buffer) != int(info["bytes"]) or hashlib.sha256(buffer).hexdigest() != info["sha256"]:
                 raise ReportRejected("the tensor buffer does not match its size and sha256")
             report = envelopes.report_from_summary(summary)
+            _check_fields(report)
             if report.device_id != device or report.round != round:
                 raise ReportRejected(f"sent on {device}'s round-{round} topic but claims {report.device_id!r}, "
                                      f"round {report.round}")
             report.tensors = unpack(buffer, order_from_json(info["order"]))
         except (ReportRejected, TransportError, KeyError, TypeError, ValueError) as exc:
-            return DeviceReport(round=round, device_id=device, config_hash=str(summary.get("config_hash", "")),
-                                status="failed", reason=f"upload rejected: {exc}", upload_bytes=up.traffic.payload_bytes)
+            return DeviceReport(round=round, device_id=device, config_hash=_config_hash(up.meta),
+                                status="failed", reason=f"{UPLOAD_REJECTED}: {exc}",
+                                upload_bytes=up.traffic.payload_bytes)
         report.upload_bytes = len(buffer)
         report.download_bytes = int(download.get("payload_bytes", 0))
         report.metrics = {**report.metrics, "transport": {"download": download, "upload": up.traffic.to_json()}}
         return report
+
+
+def _check_fields(report: DeviceReport) -> None:
+    """What the round loop does arithmetic on or prints must be what it says (the summary is the device's word)."""
+    for name in ("loss_before", "loss_after", "wall_s", "peak_rss_bytes", "activation_bytes"):
+        value = getattr(report, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise ReportRejected(f"malformed report: {name} is {value!r}")
+    if not isinstance(report.reason, str) or not isinstance(report.config_hash, str):
+        raise ReportRejected("malformed report: reason and config_hash must be strings")
+
+
+def _declares_tensors(meta: bytes) -> bool:
+    """Whether an upload's meta announces a tensor buffer (unreadable: assume it does). A report without one,
+    a device's failed round, holds nothing and is let through wherever it is sent."""
+    try:
+        return int(envelopes.loads(meta, "report")["tensors"]["chunks"]) != 0
+    except (TransportError, KeyError, TypeError, ValueError):
+        return True
+
+
+def _config_hash(meta: Optional[bytes]) -> str:
+    try:
+        return str(envelopes.loads(meta or b"", "report")["report"]["config_hash"])
+    except (TransportError, KeyError, TypeError):
+        return ""

@@ -11,6 +11,7 @@ from zoo_inputs import small
 BATCH = 8
 RESNET = small("resnet20")
 LM = small("transformer")
+CNN = small("cnn")          # its trained layers end in a max pool
 
 
 def resnet_config(frozen: int, width: float = 1.0, optimizer: str = "sgd"):
@@ -23,6 +24,11 @@ def resnet_config(frozen: int, width: float = 1.0, optimizer: str = "sgd"):
 def lm_config(frozen: int, optimizer: str = "sgd"):
     from edgefl.trainconfig import TrainConfig
     return TrainConfig(num_layers=8, frozen_prefix=frozen, batch_size=BATCH, optimizer=optimizer)
+
+
+def cnn_config(frozen: int):
+    from edgefl.trainconfig import TrainConfig
+    return TrainConfig(num_layers=4, frozen_prefix=frozen, batch_size=BATCH)
 
 
 def available(backend: str) -> bool:

@@ -1,6 +1,7 @@
 """Exported artifacts compute what torch computes (the issue's parity bar).
 
-For ResNet-20 (frozen prefix 0, 4, 7; head width 0.25 and 1) and the transformer LM (frozen 0 and 2), per
+For ResNet-20 (frozen prefix 0, 4, 7; head width 0.25 and 1), the transformer LM (frozen 0 and 2) and the
+CNN (frozen 1: a trained convolution before a max pool), per
 runtime backend: the prefix's output vs torch (rel. error <= 1e-5); one SGD step of the suffix on the
 same batch vs torch.optim.SGD on the eager suffix (momentum, weight decay, BN statistics and counters;
 rel. error of every updated trainable tensor <= 1e-4); one AdamW step vs torch.optim.AdamW (ORT <= 1e-3);
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from export_cases import LM, RESNET, backend_params, global_state, lm_config, resnet_config
+from export_cases import CNN, LM, RESNET, backend_params, cnn_config, global_state, lm_config, resnet_config
 from edgefl.device_runtime.trainers.base import trainer_class
 from edgefl.export.split import split
 from edgefl.manifest import flatten, unflatten
@@ -20,7 +21,8 @@ from edgefl.zoo import build
 
 CASES = ([pytest.param(RESNET, resnet_config(k, s), id=f"resnet20-frozen{k}-width{s:g}")
           for k in (0, 4, 7) for s in (0.25, 1.0)]
-         + [pytest.param(LM, lm_config(k), id=f"transformer-frozen{k}") for k in (0, 2)])
+         + [pytest.param(LM, lm_config(k), id=f"transformer-frozen{k}") for k in (0, 2)]
+         + [pytest.param(CNN, cnn_config(1), id="cnn-frozen1")])
 RUNTIMES = backend_params(["ort", "executorch"])
 LR = 0.1
 

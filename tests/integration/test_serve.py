@@ -58,6 +58,7 @@ def test_four_devices_three_runtimes_three_rounds(tmp_path):
             assert energy["source"] in ("rapl", "ina219", "battery", "profile") and energy["joules"] > 0
             assert energy["estimated"] == (energy["source"] == "profile")
             assert metrics["runtime"] == {"pi": "ort", "phone": "executorch", "laptop": "torch"}[r["sampled"][device]]
+            assert metrics["torch_loaded"] == (metrics["runtime"] != "ort")   # ORT devices train without torch
     assert rounds[-1]["accuracy"] > initial_accuracy(500, 0)
 
     # upload: exactly the trained tensors as one float32 buffer, plus the protocol's framing
