@@ -5,6 +5,7 @@ import tempfile
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # test helpers (zoo_inputs)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "export"))  # export_cases
 
 # one profile cache for the whole session, never the user's
 os.environ.setdefault("EDGEFL_CACHE", tempfile.mkdtemp(prefix="edgefl-test-cache-"))
@@ -14,6 +15,26 @@ os.environ.setdefault("EDGEFL_CACHE", tempfile.mkdtemp(prefix="edgefl-test-cache
 def store():
     from edgefl.profile import ProfileStore
     return ProfileStore()
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """exported(backend, ref, config) -> ArtifactSet, exported once per session: the contract, parity and
+    backend suites share their sets (an ExecuTorch export of a ResNet-20 suffix takes about a minute)."""
+    from export_cases import ExportCache
+    return ExportCache(tmp_path_factory.mktemp("artifacts"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: the long sweeps, deselected by default; run them with -m slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    # under pytest-xdist (--dist loadgroup) every test of exported sets runs in one worker, which then
+    # exports each set once instead of once per worker
+    for item in items:
+        if "exported" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("exports"))
 
 
 @pytest.fixture(scope="module")

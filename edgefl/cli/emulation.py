@@ -187,8 +187,8 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
     trainer = torch_trainer(ref, device)
 
     def make_device(device_id: str) -> EmulatedDevice:
-        idx = share_of[device_id]
-        return EmulatedDevice(device_id, trainer, train.x[idx], train.y[idx], memory_bytes=budget[device_id])
+        return EmulatedDevice(device_id, trainer, train.x, train.y, memory_bytes=budget[device_id],
+                              rows=share_of[device_id])
 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
     server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm,

@@ -64,11 +64,18 @@ class Wire(ABC):
         self.max_packet_size = max_packet_size
         self.sent, self.received = Traffic(), Traffic()
         self._handler: Optional[Handler] = None
+        self._unhandled: list[tuple[str, bytes, int]] = []     # arrived before a handler was set
+        self._handoff = threading.Lock()
         self._on_connect: list[Callable[[], None]] = []
         self._count_lock = threading.Lock()
 
     def on_message(self, handler: Handler) -> None:
-        self._handler = handler
+        """Messages that arrived before (a persistent session's queue comes right after connecting, and
+        QoS 1 has already acknowledged them) go to `handler` first, in order."""
+        with self._handoff:
+            while self._unhandled:
+                self._call(handler, *self._unhandled.pop(0))
+            self._handler = handler
 
     def on_reconnect(self, callback: Callable[[], None]) -> None:
         """Called after the connection comes back (e.g. to announce presence again: the will has fired)."""
@@ -92,10 +99,16 @@ class Wire(ABC):
     def _deliver(self, topic: str, payload: bytes, wire_bytes: int) -> None:
         with self._count_lock:
             self.received.add(len(payload), wire_bytes)
-        if self._handler is None:
-            return
+        with self._handoff:
+            handler = self._handler
+            if handler is None:
+                self._unhandled.append((topic, payload, wire_bytes))
+                return
+        self._call(handler, topic, payload, wire_bytes)
+
+    def _call(self, handler: Handler, topic: str, payload: bytes, wire_bytes: int) -> None:
         try:
-            self._handler(topic, payload, wire_bytes)
+            handler(topic, payload, wire_bytes)
         except Exception:  # a bad message must not stop the receive thread
             log.exception("%s: handling a message on %s failed", self.client_id, topic)
 

@@ -3,31 +3,21 @@ torch (torch.export programs) and executorch once its backend and trainer exist.
 sets exported by the same pipeline from the same global weights, so they must also agree with each
 other after a step."""
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from export_cases import (LM, RESNET, ExportCache, available, backend_params, global_state,  # noqa: E402
-                          lm_config, resnet_config)
-
-from edgefl.device_runtime.trainers.base import ArtifactTrainer, trainer_class  # noqa: E402
-from edgefl.export.backends import get_backend  # noqa: E402
-from edgefl.export.pipeline import refresh_weights  # noqa: E402
-from edgefl.export.split import split  # noqa: E402
-from edgefl.submodel import extract, index_sets  # noqa: E402
+from export_cases import LM, RESNET, available, backend_params, global_state, lm_config, resnet_config
+from edgefl.device_runtime.trainers.base import ArtifactTrainer, trainer_class
+from edgefl.export.backends import get_backend
+from edgefl.export.pipeline import refresh_weights
+from edgefl.export.split import split
+from edgefl.submodel import extract, index_sets
 
 RUNTIMES = ("ort", "torch", "executorch")
 CASES = [pytest.param(RESNET, resnet_config(4, 0.25), id="resnet20-frozen4-width0.25"),
          pytest.param(LM, lm_config(2, "adamw"), id="transformer-frozen2-adamw")]
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    return ExportCache(tmp_path_factory.mktemp("contract"))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,7 +6,7 @@ runtime backend: the prefix's output vs torch (rel. error <= 1e-5); one SGD step
 same batch vs torch.optim.SGD on the eager suffix (momentum, weight decay, BN statistics and counters;
 rel. error of every updated trainable tensor <= 1e-4); one AdamW step vs torch.optim.AdamW (ORT <= 1e-3);
 and the trained tensors, uploaded as the flat buffer and placed into the global state, load into the
-global model and reproduce the runtime's eval loss.
+global model and reproduce the runtime's eval loss. ExecuTorch on every case: `pytest -m slow`.
 """
 import numpy as np
 import pytest
@@ -19,11 +19,16 @@ from edgefl.manifest import flatten, unflatten
 from edgefl.submodel import device_model, embed, entries, extract, index_sets
 from edgefl.zoo import build
 
-CASES = ([pytest.param(RESNET, resnet_config(k, s), id=f"resnet20-frozen{k}-width{s:g}")
-          for k in (0, 4, 7) for s in (0.25, 1.0)]
-         + [pytest.param(LM, lm_config(k), id=f"transformer-frozen{k}") for k in (0, 2)]
-         + [pytest.param(CNN, cnn_config(1), id="cnn-frozen1")])
-RUNTIMES = backend_params(["ort", "executorch"])
+CASES = ([(RESNET, resnet_config(k, s), f"resnet20-frozen{k}-width{s:g}") for k in (0, 4, 7) for s in (0.25, 1.0)]
+         + [(LM, lm_config(k), f"transformer-frozen{k}") for k in (0, 2)]
+         + [(CNN, cnn_config(1), "cnn-frozen1")])
+# An ExecuTorch export of a ResNet-20 suffix takes about a minute (its toolchain runs Python passes over
+# every graph node): the default suite checks it on one config of each model, `-m slow` on all of them.
+ET_DEFAULT = {"resnet20-frozen4-width0.25", "transformer-frozen2", "cnn-frozen1"}
+PARAMS = [pytest.param(runtime.values[0], ref, config, id=f"{name}-{runtime.values[0]}",
+                       marks=[*runtime.marks, *([pytest.mark.slow] if runtime.values[0] == "executorch"
+                                                and name not in ET_DEFAULT else [])])
+          for runtime in backend_params(["ort", "executorch"]) for ref, config, name in CASES]
 LR = 0.1
 
 
@@ -53,8 +58,7 @@ def one_thread_module(one_thread):
     yield
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("ref, config", CASES)
+@pytest.mark.parametrize("runtime, ref, config", PARAMS)
 def test_runtime_matches_torch(runtime, ref, config, exported):
     artifacts = exported(runtime, ref, config)
     trainer = trainer_class(runtime)(artifacts)
