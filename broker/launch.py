@@ -20,7 +20,8 @@ EMBEDDED_WARNING = """\
 *** For one machine or a trusted network only: it enforces the logins and the ACL of this folder but
 *** has no packet size limit (one oversized upload can exhaust its memory, which holds ~12x every
 *** payload), keeps sessions in memory only (a restart loses queued messages), speaks MQTT 3.1.1 only
-*** and is 2-3x slower than mosquitto. Install mosquitto (apt install mosquitto) for anything else."""
+*** (edgefl serve and edgefl-device speak MQTT 5: they need mosquitto) and is 2-3x slower than mosquitto.
+*** Install mosquitto (apt install mosquitto) for anything else."""
 
 
 def find_mosquitto() -> str | None:
