@@ -20,21 +20,15 @@ def store():
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """exported(backend, ref, config) -> ArtifactSet, exported once per session: the contract, parity and
-    backend suites share their sets (an ExecuTorch export of a ResNet-20 suffix takes about a minute)."""
+    backend suites share their sets (an ExecuTorch export of a ResNet-20 suffix takes about a minute).
+    Under pytest-xdist a session is a worker: modules that use it are marked `EXPORTS` (export_cases), one
+    group that --dist loadgroup keeps in one worker."""
     from export_cases import ExportCache
     return ExportCache(tmp_path_factory.mktemp("artifacts"))
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the long sweeps, deselected by default; run them with -m slow")
-
-
-def pytest_collection_modifyitems(config, items):
-    # under pytest-xdist (--dist loadgroup) every test of exported sets runs in one worker, which then
-    # exports each set once instead of once per worker
-    for item in items:
-        if "exported" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("exports"))
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from export_cases import LM, RESNET, available, backend_params, global_state, lm_config, resnet_config
+from export_cases import EXPORTS, LM, RESNET, available, backend_params, global_state, lm_config, resnet_config
 from edgefl.device_runtime.trainers.base import ArtifactTrainer, trainer_class
 from edgefl.export.backends import get_backend
 from edgefl.export.pipeline import refresh_weights
 from edgefl.export.split import split
 from edgefl.submodel import extract, index_sets
+
+pytestmark = EXPORTS
 
 RUNTIMES = ("ort", "torch", "executorch")
 CASES = [pytest.param(RESNET, resnet_config(4, 0.25), id="resnet20-frozen4-width0.25"),

@@ -9,6 +9,8 @@ import pytest
 from zoo_inputs import small
 
 BATCH = 8
+# pytestmark of every module using the `exported` fixture (tests/conftest.py): one xdist worker exports
+EXPORTS = pytest.mark.xdist_group("exports")
 RESNET = small("resnet20")
 LM = small("transformer")
 CNN = small("cnn")          # its trained layers end in a max pool

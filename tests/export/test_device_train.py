@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from export_cases import LM, RESNET, lm_config, resnet_config
+from export_cases import EXPORTS, LM, RESNET, lm_config, resnet_config
+
+pytestmark = EXPORTS
 
 CONFIG = resnet_config(4, 0.25)
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 from torch import nn
 
-from export_cases import RESNET, available, global_state, resnet_config
+from export_cases import EXPORTS, RESNET, available, global_state, resnet_config
 from zoo_inputs import small
 
-pytestmark = pytest.mark.skipif(not available("executorch"), reason="executorch is not installed")
+pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed")]
 CONFIG = resnet_config(4, 0.25)       # shared with the parity and contract suites: exported once per session
 
 

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from export_cases import CNN, LM, RESNET, backend_params, cnn_config, global_state, lm_config, resnet_config
+from export_cases import CNN, EXPORTS, LM, RESNET, backend_params, cnn_config, global_state, lm_config, resnet_config
 from edgefl.device_runtime.trainers.base import trainer_class
 from edgefl.export.split import split
 from edgefl.manifest import flatten, unflatten
 from edgefl.submodel import device_model, embed, entries, extract, index_sets
 from edgefl.zoo import build
+
+pytestmark = EXPORTS
 
 CASES = ([(RESNET, resnet_config(k, s), f"resnet20-frozen{k}-width{s:g}") for k in (0, 4, 7) for s in (0.25, 1.0)]
          + [(LM, lm_config(k), f"transformer-frozen{k}") for k in (0, 2)]
