@@ -4,7 +4,7 @@ trainer contract: tests/contract/test_trainers.py):
 * its layer rewrites compute what torch's layers compute, gradients and BN statistics included, and keep
   the layers' state_dict (no export: fast);
 * refreshing weights rewrites the weight files only, never the program, and the runtime then trains
-  from the new values (nothing baked into the program, XNNPACK delegates included);
+  from the new values (no weight baked into the program);
 * the training program takes the batch it was planned for and says so otherwise;
 * a fresh device process finds the backend through the registry and trains (`edgefl-device train`).
 """
