@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from edgefl.errors import EdgeflError
 from edgefl.device_runtime.memcap import MemoryCap
@@ -78,3 +78,18 @@ def check(result: ChildResult) -> dict:
     if result.returncode == 2:
         raise EdgeflError(result.error)
     raise RuntimeError(result.error)
+
+
+def child_main(work: Callable[[], dict], runtime: Optional[str]) -> int:
+    """The child's side of `run_child`: run `work`, print its result as the last stdout line (exit 0) or
+    a user error as one line on stderr (exit 2). An ORT child blocks torch first: the ORT device path
+    must never load it."""
+    if runtime == "ort":
+        sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        result = work()
+    except EdgeflError as exc:
+        print(f"edgefl-device: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0

@@ -144,18 +144,12 @@ def print_report(r: dict) -> None:
 
 
 def _child(argv: list[str]) -> int:
+    from edgefl.device_runtime.child import child_main
+
     parser = argparse.ArgumentParser(prog="edgefl-device train")
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", *argv])
-    if args.runtime == "ort" or (args.runtime is None and _backend(args.artifacts) == "ort"):
-        sys.modules["torch"] = None  # type: ignore[assignment]  # the ort device path runs without torch
-    try:
-        report = train(args)
-    except EdgeflError as exc:
-        print(f"edgefl-device: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(report))
-    return 0
+    return child_main(lambda: train(args), args.runtime or _backend(args.artifacts))
 
 
 def _backend(folder: Path) -> str | None:

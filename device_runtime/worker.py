@@ -56,18 +56,10 @@ def train(spec: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from edgefl.errors import EdgeflError
+    from edgefl.device_runtime.child import child_main
 
     spec = json.loads(argv[0])
-    if spec.get("runtime") == "ort":
-        sys.modules["torch"] = None  # type: ignore[assignment]  # the ort device path never loads torch
-    try:
-        result = train(spec)
-    except EdgeflError as exc:
-        print(f"edgefl-device: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result))
-    return 0
+    return child_main(lambda: train(spec), spec.get("runtime"))
 
 
 if __name__ == "__main__":
