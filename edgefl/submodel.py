@@ -250,15 +250,27 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
         expected = base.shape if ix is None else torch.Size(a.numel() for a in ix)
         if update.shape != expected:
             raise ReportRejected(f"tensor {e.device_key!r} has shape {tuple(update.shape)}, expected {tuple(expected)}")
+        if ix is None:
+            # trained whole: the upload itself, and a mask that is one broadcast True (no copies, which held
+            # two model-sized tensors per device of a round until aggregation)
+            placed[e.key] = update.to(base.dtype)
+            mask[e.key] = torch.ones((), dtype=torch.bool).expand(base.shape)
+            continue
         p, m = base.clone(), torch.zeros(base.shape, dtype=torch.bool)
-        p[ix if ix is not None else ...] = update.to(base.dtype)
-        m[ix if ix is not None else ...] = True
+        p[ix] = update.to(base.dtype)
+        m[ix] = True
         placed[e.key], mask[e.key] = p, m
     if low_rank:
         p, m = lowrank.place(state, low_rank, config.rank)
         placed.update(p)
         mask.update(m)
     return placed, mask
+
+
+def _whole(mask: torch.Tensor) -> bool:
+    """True for embed's mask of a tensor trained whole: one True broadcast over the shape (all strides 0),
+    told apart without reading every element."""
+    return mask.numel() > 0 and not any(mask.stride()) and bool(mask[(0,) * mask.dim()])
 
 
 def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[Contribution],
@@ -295,8 +307,14 @@ def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[
             new[key] = torch.where(torch.stack([m for _, _, m in parts]).any(0), best, g)
         else:
             g64 = g.detach().double()
-            num = sum(n * torch.where(m, p.double(), 0.0) for n, p, m in parts)
-            den = sum(n * m.double() for n, _, m in parts)
+            num, den = torch.zeros_like(g64), torch.zeros_like(g64)
+            for n, p, m in parts:       # accumulated in place: one float64 pair per tensor, not per device
+                if _whole(m):
+                    num.add_(p, alpha=n)
+                    den.add_(n)
+                else:
+                    num.add_(torch.where(m, p.double(), 0.0), alpha=n)
+                    den.add_(m.double(), alpha=n)
             if mode == "trained":
                 out = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), g64)
             else:

@@ -107,3 +107,34 @@ def test_devices_with_different_rolling_windows_average_where_they_overlap():
 
     bias = new["layers.0.0.bias"] - state["layers.0.0.bias"]
     torch.testing.assert_close(bias, torch.tensor([1.0] * 8 + [2.0] * 8 + [3.0] * 8 + [0.0] * 8))
+
+
+@pytest.mark.parametrize("mode", ["trained", "sampled"])
+def test_a_broadcast_whole_mask_averages_as_an_explicit_one(mode):
+    """embed marks a tensor trained whole with one True broadcast over its shape (no per-device copy);
+    aggregation must treat it exactly as a materialised all-True mask, beside a device that trained a slice."""
+    global_state = {"w": t(1, 1, 1, 1)}
+    whole = torch.ones((), dtype=torch.bool).expand(4)
+    a_explicit = (2, {"w": t(3, 5, 7, 9)}, {"w": m(T, T, T, T)})
+    a_broadcast = (2, {"w": t(3, 5, 7, 9)}, {"w": whole})
+    b = (1, {"w": t(0, 6, 1, 1)}, {"w": m(F, T, F, F)})
+
+    expected = aggregate(global_state, [a_explicit, b], mode)["w"]
+    got = aggregate(global_state, [a_broadcast, b], mode)["w"]
+
+    assert torch.equal(got, expected)
+    # trained: w[1] = (2*5 + 1*6) / 3; sampled: w[0] = (2*3 + 1*1) / 3 (b did not train it: global 1)
+    assert got[1].item() == pytest.approx(16 / 3) if mode == "trained" else got[0].item() == pytest.approx(7 / 3)
+
+
+def test_embed_of_a_whole_tensor_keeps_the_upload_and_a_broadcast_mask():
+    ref = ModelRef.of("cnn", num_classes=10, input_shape=(1, 28, 28))
+    state = build(ref).state_dict()
+    config = TrainConfig(num_layers=4)
+    update = {k: v + 1 for k, v in extract(state, ref, config, index_sets(ref, config)).items()}
+
+    placed, mask = embed(state, update, ref, config, index_sets(ref, config))
+
+    key = "layers.2.1.weight"
+    assert torch.equal(placed[key], update[key]) and mask[key].shape == state[key].shape
+    assert not any(mask[key].stride()) and bool(mask[key].all())
