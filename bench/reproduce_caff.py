@@ -5,8 +5,9 @@ whose memory budgets equal the predicted training peak (edgefl's cost model, `--
 fine-tuning the last t blocks (and the output layer) of the deepest pretrained LM, for t in `--budget-blocks`
 (default 1, 2, 4: weak, medium, strong devices). Methods under those budgets, each starting from the
 pretrained set written by `edgefl pretrain`: CAFF (chooses among the depths of the set, CAFF eq. 3),
-Heterogeneous LoRA (method `lora`: per-group adapter rank) and FedRolex (per-group width of the deepest
-model). SGD lr `--lr` cosine-annealed to a tenth, 1 local epoch, seed 0; next-character accuracy on
+Heterogeneous LoRA (method `lora`: per-group adapter rank) and FedRolex (per-group width). Baselines pick
+from the set too (CAFF's Table 1 reports '--' where no depth fits): the depth whose plan admits the most
+devices, the deeper one on a tie; each row records the depths tried and how many devices each admitted. SGD lr `--lr` cosine-annealed to a tenth, 1 local epoch, seed 0; next-character accuracy on
 held-out windows every `--eval-every` rounds. Writes bench/results/reproduce_caff.json after every run:
 per method final and best accuracy, the model it trained, groups it had to exclude; and the ordering
 beside CAFF's (CAFF above Heterogeneous LoRA and FedRolex).
@@ -67,6 +68,18 @@ def fleet_for(ref, devices: int, blocks: list[int], runtime: str):
     return parse_fleet("fleet:\n  name: shakespeare\n  groups:\n" + "\n".join(lines) + "\n"), budgets
 
 
+def baseline_ref(strategy, fleet, pretrained: Path, train, settings: LoopSettings):
+    """A baseline's model: the pretrained depth whose plan admits the most devices, the deeper on a tie."""
+    from edgefl.pretrain import available
+    admitted = {}
+    for depth in sorted(available(pretrained), reverse=True):
+        ref = _pretrained_ref(pretrained, [depth], train, strategy)
+        plan = strategy.plan(PlanContext(fleet, ref, rounds=settings.rounds, batch_size=BATCH))
+        admitted[depth] = (sum(g.count for g in fleet.groups if not plan.groups[g.name].excluded), ref)
+    depth = max(admitted, key=lambda d: (admitted[d][0], d))
+    return admitted[depth][1], {str(d): n for d, (n, _) in admitted.items()}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pretrained", type=Path, required=True, help="the set written by 'edgefl pretrain -o DIR'")
@@ -107,9 +120,13 @@ def main(argv=None) -> None:
               "methods": {}, "load_before": os.getloadavg()}
     for method in methods:
         strategy = get_strategy(method)
-        ref = _pretrained_ref(args.pretrained, None, train, strategy)    # CAFF: chooses among every depth
+        if method == "caff":                                               # chooses among every depth (eq. 3)
+            ref, admitted = _pretrained_ref(args.pretrained, None, train, strategy), None
+        else:
+            ref, admitted = baseline_ref(strategy, fleet, args.pretrained, train, settings)
         row = run_method(strategy, fleet, ref, train, test, shares, settings, BATCH, args.device,
                          initial=lambda model: load_pretrained(args.pretrained, model))
+        row["devices_admitted_per_depth"] = admitted
         result["methods"][method] = row
         done = [m for m in PAPER_ORDER if result["methods"].get(m, {}).get("final") is not None]
         result["ordering"] = sorted(done, key=lambda m: -result["methods"][m]["final"])

@@ -45,14 +45,16 @@ class TorchServerModel:
     before the last one shrunk to TOA-sampled filters (FedOLF sec. 3.3); the device builds its model at
     the widths sent with it. `groups`: per fleet group, local examples to measure its accuracy on.
     `initial`: the global weights to start from (a pretrained model), else a seeded fresh model.
+    `evaluated`: the config whose model is evaluated (Strategy.evaluated_config), else the whole model.
     """
 
     def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int,
                  groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None,
-                 clip_norm: Optional[float] = None, initial: Optional[Mapping[str, torch.Tensor]] = None):
+                 clip_norm: Optional[float] = None, initial: Optional[Mapping[str, torch.Tensor]] = None,
+                 evaluated: Optional[TrainConfig] = None):
         torch.manual_seed(seed)
         self.ref, self.test, self.trainer, self.groups, self.toa = ref, test, trainer, dict(groups or {}), toa
-        self.clip_norm = clip_norm
+        self.clip_norm, self.evaluated = clip_norm, evaluated
         self.state = {k: v.detach().clone() for k, v in (initial or build(ref).state_dict()).items()}
 
     def snapshot(self) -> dict[str, np.ndarray]:
@@ -115,6 +117,12 @@ class TorchServerModel:
         self.state = aggregate(self.state, contributions, mode)
 
     def global_model(self) -> torch.nn.Module:
+        if self.evaluated is not None:
+            config = self.evaluated.with_(aux_head=None, exits=())
+            indices = index_sets(self.ref, config)
+            model = device_model(self.ref, config, indices)
+            model.load_state_dict(extract(self.state, self.ref, config, indices), strict=True)
+            return model
         model = build(self.ref)
         model.load_state_dict({k: v for k, v in self.state.items() if not k.startswith("aux.")}, strict=True)
         return model
@@ -192,7 +200,7 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
     server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm,
-                              initial=initial_state)
+                              initial=initial_state, evaluated=strategy.evaluated_config(plan))
     coordinator = Coordinator(fleet, plan, strategy, server, InMemoryTransport(make_device), settings,
                               examples=lambda d: len(share_of[d]), on_round=on_round, state=state)
     return coordinator.run(), server

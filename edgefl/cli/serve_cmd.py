@@ -84,14 +84,16 @@ def serve(
         stdout.print(f"waiting up to {wait_online:.0f} s for {len(everyone)} devices at {broker} ...")
         online = transport.wait_online(everyone, wait_online)
         stdout.print(f"{len(online)} of {len(everyone)} devices online")
+        strategy = get_strategy(plan.method)
         server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), seed, clip_norm=clip_norm,
+                                     evaluated=strategy.evaluated_config(plan),
                                      shipper=ArtifactShipper(state / "artifacts", backend_for),
                                      ship=transport.ship_artifact, runtime_of=runtime_of)
         settings = LoopSettings(rounds=total, clients_per_round=clients_per_round or len(everyone), seed=seed,
                                 eval_every=eval_every, lr=lr, lr_final=lr / 10, round_timeout_s=round_timeout,
                                 min_reports=min_reports)
         examples = {d: g.examples or 0 for g in fleet.groups for d in g.device_ids}
-        coordinator = Coordinator(fleet, plan, get_strategy(plan.method), server, transport, settings,
+        coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
                                   examples=examples.__getitem__, on_round=lambda r: stdout.print(_round_line(r)),
                                   state=RunState(state), online=lambda: transport.online().keys())
         with _live(transport, coordinator, stdout):

@@ -115,6 +115,12 @@ class Strategy:
         distillation, m-FeDepth's mutual learning); `group` is the device's group plan (its flags)."""
         return {}
 
+    def evaluated_config(self, plan: Plan) -> Optional[TrainConfig]:
+        """The model the global weights are evaluated as: that of this config (its widths, its slice of each
+        tensor), or the whole model (None). A method whose devices all train one fixed slice (the small
+        model) is judged by that slice: the rest of the global tensors never leaves its initialisation."""
+        return None
+
     def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
         """Online decisions after aggregation (ProFL's block freezing). `state`: the new global tensors by
         name (read them with numpy); write what was decided into `record.decisions`."""

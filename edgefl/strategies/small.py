@@ -1,6 +1,10 @@
 """Small model: every device trains the same width-scaled model end to end, s set by the tightest
 group that can train any width (SLT sec. 3, 'Small model')."""
+from typing import Optional
+
+from edgefl.plan import Plan
 from edgefl.strategies.base import WIDTHS, PlanContext, Strategy, group_plan, whole_run
+from edgefl.trainconfig import TrainConfig
 
 
 class SmallModel(Strategy):
@@ -15,3 +19,7 @@ class SmallModel(Strategy):
                   for g in ctx.fleet.groups}
         notes = [f"common width s = {common.head_width:g}"] if common else []
         return self.new_plan(ctx, groups, notes)
+
+    def evaluated_config(self, plan: Plan) -> Optional[TrainConfig]:
+        """The common width-s model every device trains (SLT's baseline is that small model, not the full one)."""
+        return next((g.steps[0].config for g in plan.groups.values() if g.steps), None)

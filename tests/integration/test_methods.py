@@ -289,3 +289,26 @@ def test_pretrain_then_emulate_lora_from_the_pretrained_set(tmp_path):
                         "--dataset", "fashion-mnist", "--method", "lora", "--pretrained", str(pre), "--rounds", "1",
                         "-o", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300, env=os.environ)
     assert r.returncode == 2 and "--pretrained" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_small_model_is_evaluated_as_the_small_model(data):
+    """Every device trains the same width-s slice; the global tensors' other entries never leave their
+    initialisation, so the model evaluated (and its accuracy in the history) is the width-s one."""
+    strategy = get_strategy("small")
+    plan, records, server = run(strategy, data, rounds=2)
+    common = strategy.evaluated_config(plan)
+    assert common is not None and common.head_width < 1
+    small = server.global_model()
+
+    first_conv = small.layers[0][0]
+    assert first_conv.out_channels == int(32 * common.head_width)       # the CNN's first conv has 32 filters
+    assert records[-1].accuracy == pytest.approx(server.evaluate()["accuracy"])
+    whole = TorchServerModel(CNN, data[1], server.trainer, seed=0)
+    whole.state = server.state
+    assert whole.global_model().layers[0][0].out_channels == 32
+    assert whole.evaluate()["accuracy"] != records[-1].accuracy     # what the old evaluation measured
+
+
+def test_methods_that_train_the_whole_model_are_evaluated_whole():
+    fleet, plan = plan_for(get_strategy("fedavg"))
+    assert get_strategy("fedavg").evaluated_config(plan) is None
