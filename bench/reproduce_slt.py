@@ -17,6 +17,8 @@ four constrained methods by final accuracy beside SLT's (SLT > small model > Fed
 Validate:  python bench/reproduce_slt.py --rounds 2 --train-limit 2000 --test-limit 500 -o /tmp/slt.json
 Full run:  python bench/reproduce_slt.py --rounds R       (about an hour per setting on 2 CPU cores: see
            seconds_per_round in a short run and pick R; the JSON states R)
+Split:     run partitions, widths or methods in separate processes (-o each its own file), then
+           python bench/reproduce_slt.py --merge A.json B.json ...   (a later file's run replaces an earlier one's)
 """
 from __future__ import annotations
 
@@ -54,9 +56,32 @@ def ordering(row: dict) -> list[str]:
     return sorted(done, key=lambda m: -row[m]["final"])
 
 
+def merge(paths: list[Path]) -> dict:
+    """One result out of runs split across processes: same R, data and devices required."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    same = ("rounds", "devices", "clients_per_round", "model", "train_examples", "test_examples", "runtime")
+    for path, part in zip(paths[1:], parts[1:]):
+        if differ := [k for k in same if part.get(k) != parts[0].get(k)]:
+            raise SystemExit(f"--merge: {path} differs from {paths[0]} in {differ}; merge only runs of one setting")
+    result = {**parts[0], "merged_from": [Path(p).name for p in paths], "settings": {}}
+    for part in parts:
+        result["budgets_bytes"] = {**result["budgets_bytes"], **part["budgets_bytes"]}
+        for setting, rows in part["settings"].items():
+            result["settings"].setdefault(setting, {}).update(rows)
+    return result
+
+
+def summarise(result: dict) -> None:
+    rows = result["settings"]
+    result["orderings"] = {k: ordering(v) for k, v in rows.items() if not k.endswith("ceiling")}
+    result["matches_paper_order"] = {k: o == PAPER_ORDER for k, o in result["orderings"].items()
+                                     if len(o) == len(PAPER_ORDER)}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--merge", type=Path, nargs="+", help="combine these result files into -o and stop")
+    p.add_argument("--rounds", type=int)
     p.add_argument("--partitions", default="iid,dirichlet:0.1")
     p.add_argument("--widths", default="0.125,0.25")
     p.add_argument("--methods", default=",".join(CONSTRAINED + ("fedavg",)))
@@ -67,6 +92,14 @@ def main(argv=None) -> None:
     p.add_argument("--runtime", default="ort", help="the fleet's device runtime: ort | executorch | torch")
     p.add_argument("-o", "--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    if args.merge:
+        result = merge(args.merge)
+        summarise(result)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({"orderings": result["orderings"], "matches_paper_order": result["matches_paper_order"]}))
+        return
+    if args.rounds is None:
+        p.error("--rounds is required (or --merge)")
 
     train = _subset(load_dataset("fashion-mnist", split="train"), args.train_limit, SEED)
     test = _subset(load_dataset("fashion-mnist", split="test"), args.test_limit, SEED + 1)
@@ -83,10 +116,7 @@ def main(argv=None) -> None:
               "ceiling_budget_bytes": full_budget, "settings": {}, "load_before": os.getloadavg()}
 
     def save():
-        rows = result["settings"]
-        result["orderings"] = {k: ordering(v) for k, v in rows.items() if not k.endswith("ceiling")}
-        result["matches_paper_order"] = {k: o == PAPER_ORDER for k, o in result["orderings"].items()
-                                         if len(o) == len(PAPER_ORDER)}
+        summarise(result)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
 

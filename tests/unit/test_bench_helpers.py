@@ -94,3 +94,28 @@ def test_lean_loop_trains_what_edgefl_emulation_trains():
     for (name, ours), theirs in zip(model.state_dict().items(), server.state.values(), strict=True):
         assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-5), name
     assert not torch.allclose(model.state_dict()["0.weight"], initial[0])    # it did train
+
+
+def test_reproduce_slt_merges_split_runs_and_orders_them(tmp_path):
+    import json
+
+    import reproduce_slt
+
+    base = {"rounds": 30, "devices": 100, "clients_per_round": 10, "model": "resnet20", "train_examples": 60000,
+            "test_examples": 10000, "runtime": "ort", "budgets_bytes": {"s=0.125": 1}}
+    first = {**base, "settings": {"iid/s=0.125": {"slt": {"final": 0.8}, "small": {"final": 0.1},
+                                                   "fedrolex": {"final": 0.3}, "fd": {"final": 0.2}}}}
+    second = {**base, "settings": {"iid/s=0.125": {"small": {"final": 0.5}}}}   # a rerun replaces the first
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, part in zip(paths, (first, second)):
+        path.write_text(json.dumps(part))
+
+    result = reproduce_slt.merge(paths)
+    reproduce_slt.summarise(result)
+
+    assert result["settings"]["iid/s=0.125"]["small"]["final"] == 0.5
+    assert result["orderings"]["iid/s=0.125"] == ["slt", "small", "fedrolex", "fd"]
+    assert result["matches_paper_order"] == {"iid/s=0.125": True}
+    paths[1].write_text(json.dumps({**second, "rounds": 20}))
+    with pytest.raises(SystemExit, match="rounds"):
+        reproduce_slt.merge(paths)
