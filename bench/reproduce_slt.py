@@ -71,11 +71,19 @@ def merge(paths: list[Path]) -> dict:
     return result
 
 
+TIE = 0.01      # final accuracies closer than 1 point: one seed at this R cannot order them
+
+
 def summarise(result: dict) -> None:
+    """Orderings by final accuracy and whether they are the paper's. Neighbours within TIE are reported as
+    ties, and an ordering that needs one to match reads 'up to ties' instead of true: a sort would otherwise
+    break the tie in the paper's favour."""
     rows = result["settings"]
     result["orderings"] = {k: ordering(v) for k, v in rows.items() if not k.endswith("ceiling")}
-    result["matches_paper_order"] = {k: o == PAPER_ORDER for k, o in result["orderings"].items()
-                                     if len(o) == len(PAPER_ORDER)}
+    result["ties"] = {k: [[a, b] for a, b in zip(o, o[1:]) if rows[k][a]["final"] - rows[k][b]["final"] < TIE]
+                      for k, o in result["orderings"].items()}
+    result["matches_paper_order"] = {k: (o == PAPER_ORDER and (not result["ties"][k] or "up to ties"))
+                                     for k, o in result["orderings"].items() if len(o) == len(PAPER_ORDER)}
 
 
 def main(argv=None) -> None:

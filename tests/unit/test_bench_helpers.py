@@ -115,7 +115,13 @@ def test_reproduce_slt_merges_split_runs_and_orders_them(tmp_path):
 
     assert result["settings"]["iid/s=0.125"]["small"]["final"] == 0.5
     assert result["orderings"]["iid/s=0.125"] == ["slt", "small", "fedrolex", "fd"]
-    assert result["matches_paper_order"] == {"iid/s=0.125": True}
+    assert result["matches_paper_order"] == {"iid/s=0.125": True} and result["ties"] == {"iid/s=0.125": []}
+    second["settings"]["iid/s=0.125"]["fd"] = {"final": 0.295}        # within a point of FedRolex: a tie
+    paths[1].write_text(json.dumps(second))
+    result = reproduce_slt.merge(paths)
+    reproduce_slt.summarise(result)
+    assert result["ties"] == {"iid/s=0.125": [["fedrolex", "fd"]]}
+    assert result["matches_paper_order"] == {"iid/s=0.125": "up to ties"}
     paths[1].write_text(json.dumps({**second, "rounds": 20}))
     with pytest.raises(SystemExit, match="rounds"):
         reproduce_slt.merge(paths)
