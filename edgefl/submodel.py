@@ -234,7 +234,8 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
           config: TrainConfig, indices: IndexSets) -> tuple[State, State]:
     """Place the tensors the device trained (layers [frozen_prefix, end) with their BN statistics, and the
     auxiliary head) into global-shaped tensors. Returns (placed, mask): placed holds the global value
-    where mask is False; frozen tensors are never uploaded, so they appear in neither."""
+    where mask is False; frozen tensors are never uploaded, so they appear in neither. A tensor trained
+    whole is placed as the upload itself (shared, not copied) with a broadcast True mask."""
     state = ensure_aux(global_state, ref, [config])
     placed, mask, low_rank = {}, {}, {}
     for e in entries(ref, config):
