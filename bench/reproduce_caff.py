@@ -7,10 +7,11 @@ fine-tuning the last t blocks (and the output layer) of the deepest pretrained L
 pretrained set written by `edgefl pretrain`: CAFF (chooses among the depths of the set, CAFF eq. 3),
 Heterogeneous LoRA (method `lora`: per-group adapter rank) and FedRolex (per-group width). Baselines pick
 from the set too (CAFF's Table 1 reports '--' where no depth fits): the depth whose plan admits the most
-devices, the deeper one on a tie; each row records the depths tried and how many devices each admitted. SGD lr `--lr` cosine-annealed to a tenth, 1 local epoch, seed 0; next-character accuracy on
-held-out windows every `--eval-every` rounds. Writes bench/results/reproduce_caff.json after every run:
-per method final and best accuracy, the model it trained, groups it had to exclude; and the ordering
-beside CAFF's (CAFF above Heterogeneous LoRA and FedRolex).
+devices, the deeper one on a tie; each row records the depths tried and how many devices each admitted.
+SGD lr `--lr` cosine-annealed to a tenth, 1 local epoch, seed 0; next-character accuracy on held-out
+windows every `--eval-every` rounds. Writes bench/results/reproduce_caff.json after every run: per method
+final and best accuracy, the model it trained, groups it had to exclude; and the ordering beside CAFF's
+(CAFF above Heterogeneous LoRA and FedRolex).
 
 Needs:     edgefl pretrain -o PRETRAINED            (the CAFF set, l in {3, 6, 9, 12})
 Validate:  python bench/reproduce_caff.py --pretrained DIR --rounds 2 --methods caff,fedrolex \\

@@ -103,6 +103,7 @@ def main(argv=None) -> None:
     if args.merge:
         result = merge(args.merge)
         summarise(result)
+        args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({"orderings": result["orderings"], "matches_paper_order": result["matches_paper_order"]}))
         return
