@@ -1,0 +1,213 @@
+"""The native ExecuTorch trainer (`edgefl-et-train`, C++ under device_runtime/native/): where it is, and how
+it is built from the C++ SDK that the executorch wheel ships.
+
+The trainer needs only the wheel's `executorch/lib` and `executorch/include`, never its Python side (which
+imports torch). The SDK comes from the installed executorch package when it is the host's, else from the
+wheel itself, downloaded once (`pip download --no-deps`) and unpacked into the cache: that is also how a
+Raspberry Pi build gets the aarch64 SDK on an x86 machine (cross-compiled with Debian's
+g++-aarch64-linux-gnu). Builds are keyed by a hash of the sources, so a changed edgefl never runs a stale
+trainer.
+
+Where a built trainer is looked for, first match wins: $EDGEFL_ET_TRAIN (a path to the binary), the
+build cache ($EDGEFL_DEVICE_HOME, default ~/.cache/edgefl-device), `edgefl-et-train` on PATH (a bundle
+installs it there).
+"""
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from edgefl.errors import ConfigError, MissingDependencyError
+
+EXECUTORCH_VERSION = "1.5.1"      # the exporter's version: programs and runtime must pair exactly
+BINARY = "edgefl-et-train"
+SOURCES = Path(__file__).parent / "native"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str          # linux-x86_64 | linux-aarch64
+    machine: str       # what `uname -m` prints there
+    platform_tag: str  # the wheel's platform
+    toolchain: Optional[str] = None   # CMake toolchain file under native/toolchains when cross-building
+
+
+TARGETS = {t.name: t for t in (Target("linux-x86_64", "x86_64", "manylinux_2_28_x86_64"),
+                               Target("linux-aarch64", "aarch64", "manylinux_2_28_aarch64",
+                                      "aarch64-linux-gnu.cmake"))}
+
+
+def host_target() -> Target:
+    machine = platform.machine()
+    for target in TARGETS.values():
+        if target.machine == machine:
+            return target
+    raise ConfigError(f"this machine is {machine}; the native trainer builds for {', '.join(TARGETS)}")
+
+
+def target(name: Optional[str]) -> Target:
+    if name is None:
+        return host_target()
+    if name not in TARGETS:
+        raise ConfigError(f"--target {name}: unknown; choose one of: {', '.join(TARGETS)}")
+    return TARGETS[name]
+
+
+def home() -> Path:
+    return Path(os.environ.get("EDGEFL_DEVICE_HOME") or Path.home() / ".cache" / "edgefl-device")
+
+
+def source_hash() -> str:
+    from edgefl.manifest import _sha256
+
+    h = _sha256()
+    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file() and "build" not in p.parts):
+        h.update(str(path.relative_to(SOURCES)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_dir(t: Target) -> Path:
+    return home() / "native" / f"{t.name}-{source_hash()}"
+
+
+def find_trainer() -> Optional[Path]:
+    """The built trainer for this machine, or None."""
+    if env := os.environ.get("EDGEFL_ET_TRAIN"):
+        return Path(env) if Path(env).is_file() else None
+    try:
+        built = build_dir(host_target()) / BINARY
+    except ConfigError:
+        return None
+    if built.is_file():
+        return built
+    found = shutil.which(BINARY)
+    return Path(found) if found else None
+
+
+def require_trainer() -> Path:
+    trainer = find_trainer()
+    if trainer is None:
+        raise MissingDependencyError(
+            "the native ExecuTorch trainer is not built; build it with 'edgefl-device build-native' (needs cmake, "
+            "g++ and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if missing), or pass "
+            "--trainer python for the Python reference trainer (imports torch)")
+    return trainer
+
+
+def _installed_sdk() -> Optional[Path]:
+    spec = importlib.util.find_spec("executorch")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "lib" / "cmake" / "executorch").is_dir():
+            return Path(location)
+    return None
+
+
+def sdk(t: Target) -> Path:
+    """The executorch package folder (lib/, include/) for target `t`: the installed one on its own machine,
+    else the wheel for `t`, downloaded once and unpacked under the cache."""
+    if t.machine == platform.machine() and (installed := _installed_sdk()) is not None:
+        return installed
+    root = home() / "sdk" / f"executorch-{EXECUTORCH_VERSION}-{t.platform_tag}"
+    package = root / "executorch"
+    if (package / "lib" / "cmake" / "executorch").is_dir():
+        return package
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root / ".lock"):
+        if not (package / "lib" / "cmake" / "executorch").is_dir():
+            wheel = _download(f"executorch=={EXECUTORCH_VERSION}", t, root / "wheel")
+            with zipfile.ZipFile(wheel) as z:
+                members = [m for m in z.namelist() if m.startswith(("executorch/lib/", "executorch/include/"))]
+                z.extractall(root, members)
+            for lib in (package / "lib").glob("*.so*"):
+                lib.chmod(0o755)
+    return package
+
+
+def _download(requirement: str, t: Target, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+            "--platform", t.platform_tag, "--python-version", f"{sys.version_info[0]}{sys.version_info[1]}",
+            "-d", str(into), requirement]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    wheels = sorted(into.glob("executorch-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise MissingDependencyError(f"could not download {requirement} for {t.platform_tag} "
+                                     f"({(proc.stderr.strip().splitlines() or ['no wheel'])[-1]}); check the "
+                                     "connection to the package index, or install executorch on this machine")
+    return wheels[-1]
+
+
+class _locked:
+    """An exclusive file lock: two processes (test workers, two agents) build or download once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.file = open(self.path, "w")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def _tool(name: str, hint: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise MissingDependencyError(f"{name} is not installed; {hint}")
+    return path
+
+
+def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lambda line: None) -> Path:
+    """Configure and build the trainer for a target (default: this machine); the binary's path. Nothing
+    happens when the same sources were built before."""
+    t = target(target_name)
+    folder = Path(out) if out is not None else build_dir(t)
+    binary = folder / BINARY
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / ".lock"):
+        if binary.is_file() and (folder / ".sources").is_file() and (folder / ".sources").read_text() == source_hash():
+            return binary
+        cmake = _tool("cmake", "install it with: apt-get install cmake (3.19 or newer)")
+        compiler = "aarch64-linux-gnu-g++" if t.toolchain else "g++"
+        _tool(compiler, f"install it with: apt-get install {'g++-aarch64-linux-gnu' if t.toolchain else 'g++'}")
+        package = sdk(t)
+        argv = [cmake, "-S", str(SOURCES), "-B", str(folder), "-DCMAKE_BUILD_TYPE=Release",
+                f"-Dexecutorch_DIR={package / 'lib' / 'cmake' / 'executorch'}", f"-DEDGEFL_VERSION={edgefl_version()}"]
+        if t.toolchain:
+            argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
+        log(f"building {BINARY} for {t.name} in {folder}")
+        for step in (argv, [cmake, "--build", str(folder), "--parallel", str(os.cpu_count() or 1)]):
+            proc = subprocess.run(step, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"building {BINARY} failed ({' '.join(step[:3])}):\n{proc.stdout[-3000:]}\n"
+                                   f"{proc.stderr[-3000:]}")
+        (folder / ".sources").write_text(source_hash())
+    return binary
+
+
+def edgefl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("edgefl")
+    except PackageNotFoundError:
+        return "0"
+
+
+def runtime_libraries(target_name: Optional[str] = None) -> Path:
+    """The folder of the runtime libraries the trainer for `target_name` loads (bundled beside it)."""
+    return sdk(target(target_name)) / "lib"
+
+
+NEEDED_LIBRARIES = ("libexecutorch.so", "libexecutorch_kernels_optimized.so", "libexecutorch_backend_xnnpack.so",
+                    "libexecutorch_threadpool.so")
