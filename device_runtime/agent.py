@@ -5,7 +5,8 @@ For every instruction:
      (the coordinator should never send one; a device does not trust that it did not);
   2. fetch the artifact set (`DeviceLink.fetch_artifact`: only files the sha256 cache lacks travel, every
      one verified; a frozen prefix is fetched once per weights version);
-  3. train it in a fresh child process (`edgefl.device_runtime.worker` through `child.run_child`), so the
+  3. train it in a fresh child process (`edgefl.device_runtime.worker` through `child.run_child`, or for
+     ExecuTorch sets the native trainer `edgefl-et-train`, which needs neither Python nor torch), so the
      peak RSS measured (the child's VmHWM; the kernel's ru_maxrss as well) is the training's own, with an
      energy meter around it (RAPL / INA219 / battery gauge where present, else the profile's power x time,
      flagged estimated);
@@ -29,9 +30,10 @@ import numpy as np
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.manifest import ArtifactSet, unflatten
 from edgefl.messages import DeviceReport
-from edgefl.device_runtime.child import run_child
+from edgefl.device_runtime.child import run_child, run_process
 from edgefl.device_runtime.link import Unreadable
 from edgefl.device_runtime.memcap import MemoryCap
+from edgefl.device_runtime.native import choose, trainer_argv
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
 
@@ -39,17 +41,20 @@ SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) i
 class DeviceAgent:
     def __init__(self, link, device_id: str, data: Path, runtime: str, *, memory_bytes: Optional[int] = None,
                  meter: Optional[Callable[[], Any]] = None, threads: int = 1, fetch_timeout_s: float = 600.0,
-                 train_timeout_s: Optional[float] = None, enforce_memory: bool = False,
+                 train_timeout_s: Optional[float] = None, enforce_memory: bool = False, trainer: str = "auto",
                  log: Callable[[str], None] = lambda line: None):
         """`meter()`: a fresh energy meter (start/stop -> reading with to_json()); `memory_bytes`: the peak
         training memory this device grants (instructions predicted above it are refused; with
-        `enforce_memory` the training process is also killed if it goes over, as an OOM killer would)."""
+        `enforce_memory` the training process is also killed if it goes over, as an OOM killer would);
+        `trainer`: auto | native | python (edgefl.device_runtime.native.choose)."""
+
         if enforce_memory and memory_bytes is None:
             raise ConfigError("--enforce-memory needs the device's memory (--memory or a --profile)")
         self.enforce_memory = enforce_memory
         self.link, self.device_id, self.data, self.runtime = link, device_id, Path(data), runtime
         self.memory_bytes, self.meter, self.threads = memory_bytes, meter, threads
         self.fetch_timeout_s, self.train_timeout_s, self.log = fetch_timeout_s, train_timeout_s, log
+        self.native = choose(runtime, trainer)
         self.rounds_done = 0
 
     def profile(self, extra: Optional[dict] = None) -> dict:
@@ -61,7 +66,7 @@ class DeviceAgent:
         info = device_info()
         return {"runtime": self.runtime, "memory_bytes": self.memory_bytes, "ram_bytes": psutil.virtual_memory().total,
                 "cpu_count": info["cpu_count"], "machine": platform.machine(), "python": info["python"],
-                "runtimes": info["runtimes"], **(extra or {})}
+                "runtimes": info["runtimes"], "trainer": "native" if self.native else "python", **(extra or {})}
 
     def serve(self, stop: threading.Event, max_rounds: Optional[int] = None, poll_s: float = 1.0) -> None:
         while not stop.is_set() and (max_rounds is None or self.rounds_done < max_rounds):
@@ -107,7 +112,12 @@ class DeviceAgent:
                 meter.start()
             cap = MemoryCap(self.memory_bytes, f"edgefl-{self.device_id}") if self.enforce_memory else None
             try:
-                child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap)
+                if self.native is not None:
+                    argv = trainer_argv(self.native, folder, self.data, out, lr=ins.lr, seed=ins.seed,
+                                        epochs=ins.config.local_epochs, threads=self.threads)
+                    child = run_process(argv, self.threads, self.train_timeout_s, cap)
+                else:
+                    child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap)
                 if child.returncode != 0 and cap is not None and (cap.oom_killed() or child.returncode == -9):
                     child.error = f"out of memory: the training process was killed at its cap {cap.describe()}"
             finally:
@@ -127,5 +137,6 @@ class DeviceAgent:
         report.status, report.examples = "ok", r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
         report.tensors = unflatten(suffix.trainable, buffer)
-        report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"], torch_loaded=r["torch_loaded"])
+        report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"], torch_loaded=r["torch_loaded"],
+                              trainer=r.get("trainer", "python"))
         return report, suffix.trainable

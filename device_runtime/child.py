@@ -39,7 +39,13 @@ def child_env(threads: int = 1) -> dict[str, str]:
 def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[float] = None,
               cap: Optional[MemoryCap] = None) -> ChildResult:
     """`python -m module '<spec json>'` in a fresh process (inside `cap` when given)."""
-    argv = [sys.executable, "-m", module, json.dumps(spec)]
+    return run_process([sys.executable, "-m", module, json.dumps(spec)], threads, timeout_s, cap)
+
+
+def run_process(argv: list[str], threads: int = 1, timeout_s: Optional[float] = None,
+                cap: Optional[MemoryCap] = None) -> ChildResult:
+    """`argv` in a fresh process that prints its result as the last stdout line (a Python child, or the
+    native trainer)."""
     proc = subprocess.Popen(cap.wrap(argv) if cap is not None else argv, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=child_env(threads))
     streams: dict[str, str] = {}
@@ -66,7 +72,8 @@ def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[flo
             return ChildResult(1, None, f"no result from the training process: {err.strip()[-500:]}", rss)
     lines = [l for l in err.splitlines() if l.strip()]
     if proc.returncode == 2 and lines:
-        return ChildResult(2, None, lines[-1].removeprefix("edgefl-device: error: "), rss)
+        return ChildResult(2, None, lines[-1].removeprefix("edgefl-device: error: ")
+                           .removeprefix("edgefl-et-train: error: "), rss)
     why = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
     return ChildResult(proc.returncode, None, f"training process {why}: {(lines or [''])[-1][-300:]}", rss)
 

@@ -24,10 +24,26 @@ def _installed(module: str) -> bool:
 
 
 def device_info() -> dict:
+    from edgefl.device_runtime.native import find_trainer
+
     mem = psutil.virtual_memory()
+    native = find_trainer()
+    runtimes = {name: _installed(module) for name, module in RUNTIME_MODULES.items()}
+    runtimes["executorch"] = runtimes["executorch"] or native is not None   # the native trainer needs no package
     return {"machine": platform.machine(), "system": platform.system(), "python": platform.python_version(),
             "cpu_count": psutil.cpu_count(logical=True), "ram_bytes": mem.total, "available_bytes": mem.available,
-            "runtimes": {name: _installed(module) for name, module in RUNTIME_MODULES.items()}}
+            "runtimes": runtimes, "native_trainer": str(native) if native else None}
+
+
+def _build_native(args) -> int:
+    from pathlib import Path
+
+    from edgefl.device_runtime import native
+
+    binary = native.build(args.target, Path(args.output) if args.output else None,
+                          log=lambda line: print(line, flush=True))
+    print(f"built {binary}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--format", choices=("table", "json"), default="table")
     train_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
+    build = sub.add_parser("build-native", help="build the native ExecuTorch trainer (edgefl-et-train) with cmake")
+    build.add_argument("--target", help="linux-x86_64 | linux-aarch64 (cross-built; default: this machine)")
+    build.add_argument("-o", "--output", help="build folder (default: the device cache, where agents find it)")
     args = parser.parse_args(run_cmd.main_argv(sys.argv[1:] if argv is None else argv))
-    if args.command in ("train", "run"):
+    if args.command in ("train", "run", "build-native"):
         try:
+            if args.command == "build-native":
+                return _build_native(args)
             return (train_cmd if args.command == "train" else run_cmd).run(args)
         except EdgeflError as exc:
             print(f"edgefl-device: error: {exc}", file=sys.stderr)

@@ -103,6 +103,29 @@ def require_trainer() -> Path:
     return trainer
 
 
+TRAINERS = ("auto", "native", "python")
+
+
+def choose(runtime: str, trainer: str = "auto") -> Optional[Path]:
+    """The native binary a device trains `runtime` sets with, or None for the runtime's Python trainer.
+    `auto` means native for executorch: the Python ExecuTorch trainer imports torch (~360 MiB), which no
+    plan for a small device allows for, so it runs only when asked for (`python`, the reference)."""
+    if trainer not in TRAINERS:
+        raise ConfigError(f"--trainer {trainer}: choose one of: {', '.join(TRAINERS)}")
+    if runtime != "executorch":
+        if trainer == "native":
+            raise ConfigError(f"--trainer native trains ExecuTorch sets; --runtime {runtime} has only its Python trainer")
+        return None
+    return None if trainer == "python" else require_trainer()
+
+
+def trainer_argv(binary: Path, artifacts: Path, data: Path, out: Path, *, lr: float, seed: int, epochs: int,
+                 threads: int) -> list[str]:
+    """The native trainer's command line for one round of the agent (the worker's schedule)."""
+    return [str(binary), "--artifacts", str(artifacts), "--data", str(data), "--out", str(out), "--lr", repr(lr),
+            "--seed", str(seed), "--epochs", str(epochs), "--threads", str(threads)]
+
+
 def _installed_sdk() -> Optional[Path]:
     spec = importlib.util.find_spec("executorch")
     for location in (spec.submodule_search_locations or []) if spec else []:
@@ -113,7 +136,7 @@ def _installed_sdk() -> Optional[Path]:
 
 def sdk(t: Target) -> Path:
     """The executorch package folder (lib/, include/) for target `t`: the installed one on its own machine,
-    else the wheel for `t`, downloaded once and unpacked under the cache."""
+    else the wheel for `t`, downloaded once and unpacked under the cache (lib/, include/ and share/cmake/, which the CMake package looks for)."""
     if t.machine == platform.machine() and (installed := _installed_sdk()) is not None:
         return installed
     root = home() / "sdk" / f"executorch-{EXECUTORCH_VERSION}-{t.platform_tag}"
@@ -125,7 +148,7 @@ def sdk(t: Target) -> Path:
         if not (package / "lib" / "cmake" / "executorch").is_dir():
             wheel = _download(f"executorch=={EXECUTORCH_VERSION}", t, root / "wheel")
             with zipfile.ZipFile(wheel) as z:
-                members = [m for m in z.namelist() if m.startswith(("executorch/lib/", "executorch/include/"))]
+                members = [m for m in z.namelist() if m.startswith(("executorch/lib/", "executorch/include/", "executorch/share/cmake/"))]
                 z.extractall(root, members)
             for lib in (package / "lib").glob("*.so*"):
                 lib.chmod(0o755)

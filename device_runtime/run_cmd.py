@@ -19,6 +19,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ca-file", type=Path, help="the broker's CA certificate (mqtts)")
     p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
     p.add_argument("--runtime", required=True, choices=("ort", "executorch", "torch"))
+    p.add_argument("--trainer", choices=("auto", "native", "python"), default="auto",
+                   help="ExecuTorch sets: the native trainer (auto, built with 'edgefl-device build-native') or the "
+                        "Python reference trainer (imports torch)")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device",
                    help="sha256-addressed artifact cache")
     p.add_argument("--memory", help="peak training memory this device grants, e.g. 180MiB (default: the "
@@ -52,6 +55,7 @@ def _device_facts(args) -> tuple[int | None, float]:
 def run(args: argparse.Namespace) -> int:
     from edgefl.device_runtime.agent import DeviceAgent
     from edgefl.device_runtime.mqtt_link import MqttLink
+    from edgefl.device_runtime.native import choose
     from edgefl.hardware.energy import select_meter
 
     if not args.data.exists():
@@ -62,15 +66,18 @@ def run(args: argparse.Namespace) -> int:
         return select_meter(args.energy, power_active_w=power, i2c_bus=args.i2c_bus)
 
     meter()   # a missing sensor or power figure fails now, not in the middle of a round
+    choose(args.runtime, args.trainer)   # and so does an unbuilt native trainer, before connecting
 
     link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
     agent = DeviceAgent(link, args.id, args.data, args.runtime, memory_bytes=memory, meter=meter,
-                        threads=args.threads, enforce_memory=args.enforce_memory, log=lambda line: print(f"{args.id}: {line}", flush=True))
+                        threads=args.threads, enforce_memory=args.enforce_memory, trainer=args.trainer,
+                        log=lambda line: print(f"{args.id}: {line}", flush=True))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     link.announce(agent.profile({"profile": args.profile, "power_w": power}))
     print(f"{args.id}: online at {args.broker}, runtime {args.runtime}"
+          + (f" (native trainer {agent.native})" if agent.native else "")
           + (f", memory {memory} B" if memory else ""), flush=True)
     try:
         agent.serve(stop, args.rounds)

@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--runtime", choices=("ort", "executorch", "torch"), help="default: the artifact's backend")
+    p.add_argument("--trainer", choices=("auto", "native", "python"), default="auto",
+                   help="ExecuTorch sets: the native trainer (auto, built with 'edgefl-device build-native') or the "
+                        "Python reference trainer (imports torch)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
@@ -96,7 +99,7 @@ def train(args: argparse.Namespace) -> dict:
             "predicted_peak_bytes": (m.predicted or {}).get("peak_memory_bytes"),
             "step_seconds": step_s, "wall_seconds": time.perf_counter() - t0, "threads": args.threads,
             "mmap_threshold": int(os.environ.get("MALLOC_MMAP_THRESHOLD_", 0)) or None,
-            "torch_loaded": "torch" in sys.modules and sys.modules["torch"] is not None}
+            "torch_loaded": "torch" in sys.modules and sys.modules["torch"] is not None, "trainer": "python"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,8 +109,13 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.eval_examples < 0 or args.threads < 1:
         raise ConfigError(f"--steps and --threads must be >= 1 and --eval-examples >= 0 (got {args.steps}, "
                           f"{args.threads}, {args.eval_examples})")
+    from edgefl.device_runtime.native import choose
+
+    native = choose(args.runtime or _backend(args.artifacts) or "", args.trainer)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    if native is not None:
+        return _finish(args, _run_native(native, args, env))
     argv = [str(a) for a in ("--artifacts", args.artifacts, "--data", args.data, "--steps", args.steps, "--lr", args.lr,
                              "--seed", args.seed, "--threads", args.threads, "--eval-examples", args.eval_examples)]
     if args.runtime:
@@ -119,7 +127,31 @@ def run(args: argparse.Namespace) -> int:
         if proc.returncode == 2 and lines:
             raise EdgeflError(lines[-1].removeprefix("edgefl-device: error: "))
         raise RuntimeError(f"the training process failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _finish(args, json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _run_native(binary, args: argparse.Namespace, env: dict) -> dict:
+    """The same run through the native trainer, its report in this command's terms."""
+    import subprocess
+
+    argv = [str(a) for a in (binary, "--artifacts", args.artifacts, "--data", args.data, "--steps", args.steps,
+                             "--lr", repr(args.lr), "--seed", args.seed, "--threads", args.threads,
+                             "--eval-examples", args.eval_examples)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = [l for l in proc.stderr.splitlines() if l.strip()]
+        if proc.returncode == 2 and lines:
+            raise EdgeflError(lines[-1].removeprefix("edgefl-et-train: error: "))
+        raise RuntimeError(f"the native trainer failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    renamed = {"loss_first": "first_step_loss", "loss_last": "last_step_loss", "upload_bytes": "trained_tensor_bytes",
+               "wall_s": "wall_seconds"}
+    report = {renamed.get(k, k): v for k, v in r.items()}
+    report["mmap_threshold"] = MMAP_THRESHOLD
+    return report
+
+
+def _finish(args: argparse.Namespace, report: dict) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
@@ -130,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
 def print_report(r: dict) -> None:
     from edgefl.units import format_bytes
 
-    rows = [("runtime", r["runtime"]), ("config", r["config_hash"]), ("steps", f"{r['steps']} x batch {r['batch_size']}"),
+    rows = [("runtime", f"{r['runtime']} ({r.get('trainer', 'python')} trainer)"), ("config", r["config_hash"]),
+            ("steps", f"{r['steps']} x batch {r['batch_size']}"),
             ("loss", f"{r['loss_before']:.4f} -> {r['loss_after']:.4f}" if r["loss_before"] is not None
              else f"first step {r['first_step_loss']:.4f}, last step {r['last_step_loss']:.4f}"),
             ("accuracy", f"{r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f}" if r["accuracy_before"] is not None

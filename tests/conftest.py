@@ -9,6 +9,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "export"))  # export_
 
 # one profile cache for the whole session, never the user's
 os.environ.setdefault("EDGEFL_CACHE", tempfile.mkdtemp(prefix="edgefl-test-cache-"))
+# the native trainer's builds and SDK downloads: shared by test runs and xdist workers (builds are keyed
+# by a hash of the sources and locked), never the user's device cache
+os.environ.setdefault("EDGEFL_DEVICE_HOME", os.path.join(tempfile.gettempdir(), "edgefl-test-device-home"))
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +28,14 @@ def exported(tmp_path_factory):
     group that --dist loadgroup keeps in one worker."""
     from export_cases import ExportCache
     return ExportCache(tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="session")
+def native_trainer():
+    """The native ExecuTorch trainer built for this machine (once per source version; device processes the
+    tests start find it through EDGEFL_DEVICE_HOME)."""
+    from edgefl.device_runtime import native
+    return native.build()
 
 
 def pytest_configure(config):

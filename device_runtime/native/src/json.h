@@ -99,8 +99,13 @@ public:
         throw UserError(key + ": missing");
     }
     const Json& operator[](const char* key) const { return (*this)[std::string(key)]; }
-    const Json& operator[](size_t i) const {
+    // A template, so that j[0] is an exact match instead of a tie with the null-pointer const char*.
+    template <class I, std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int> = 0>
+    const Json& operator[](I index) const {
         expect(Type::Array);
+        if constexpr (std::is_signed_v<I>)
+            if (index < 0) throw UserError("negative index " + std::to_string(index) + " into an array");
+        auto i = static_cast<size_t>(index);
         if (i >= array_.size())
             throw UserError("index " + std::to_string(i) + " is past the end of an array of " +
                             std::to_string(array_.size()));
