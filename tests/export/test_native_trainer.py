@@ -202,3 +202,30 @@ def test_bad_input_is_one_line_and_writes_nothing(case, exported, native_trainer
     for word in expect:
         assert word in line, line
     assert not out.exists() and not (tmp_path / "upload.npy.partial").exists()
+
+
+def test_edgefl_device_trains_natively_with_torch_and_executorch_blocked(exported, native_trainer, tmp_path):
+    """What a Raspberry Pi runs: edgefl-device with neither torch nor the executorch Python package."""
+    artifacts = exported("executorch", CNN, cnn_config(1))
+    data, _, _ = local_data(artifacts, tmp_path / "data", 40)
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['executorch'] = None\n"
+            "from edgefl.device_runtime.cli import main\n"
+            f"sys.exit(main(['train', '--artifacts', {str(artifacts.folder)!r}, '--data', {str(data)!r}, "
+            "'--steps', '5', '--format', 'json']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["trainer"] == "native" and report["torch_loaded"] is False and report["steps"] == 5
+    assert report["loss_before"] is not None and report["peak_rss_bytes"] < 64 * 2**20
+
+
+def test_an_unbuilt_native_trainer_says_how_to_build_it(exported, tmp_path, monkeypatch, capsys):
+    from edgefl.device_runtime.cli import main
+    artifacts = exported("executorch", CNN, cnn_config(1))
+    data, _, _ = local_data(artifacts, tmp_path / "data", 20)
+    monkeypatch.setenv("EDGEFL_DEVICE_HOME", str(tmp_path / "empty-home"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("EDGEFL_ET_TRAIN", raising=False)
+    assert main(["train", "--artifacts", str(artifacts.folder), "--data", str(data)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "edgefl-device build-native" in err[0] and "--trainer python" in err[0], err

@@ -11,7 +11,7 @@ from edgefl.strategies import PlanContext
 from edgefl.zoo import ModelRef
 from served_run import ServedRun, edgefl, write_plan
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "native_trainer")   # the phone trains natively
 CNN = ModelRef.of("cnn")
 
 
@@ -58,7 +58,9 @@ def test_four_devices_three_runtimes_three_rounds(tmp_path):
             assert energy["source"] in ("rapl", "ina219", "battery", "profile") and energy["joules"] > 0
             assert energy["estimated"] == (energy["source"] == "profile")
             assert metrics["runtime"] == {"pi": "ort", "phone": "executorch", "laptop": "torch"}[r["sampled"][device]]
-            assert metrics["torch_loaded"] == (metrics["runtime"] != "ort")   # ORT devices train without torch
+            # ORT and ExecuTorch devices train without torch: ExecuTorch through the native trainer
+            assert metrics["torch_loaded"] == (metrics["runtime"] == "torch")
+            assert metrics["trainer"] == ("native" if metrics["runtime"] == "executorch" else "python")
     assert rounds[-1]["accuracy"] > initial_accuracy(500, 0)
 
     # upload: exactly the trained tensors as one float32 buffer, plus the protocol's framing

@@ -58,15 +58,14 @@ def test_profile_loads_and_is_consistent(name):
 
 
 def test_runtime_defaults():
-    for name in ("raspberry-pi-zero-2w", "raspberry-pi-3b-plus", "android-low", "android-mid", "android-high"):
+    """Every Raspberry Pi trains natively (no aarch64 ORT-training wheel; aarch64 torch is the CUDA build)."""
+    for name in ("android-low", "android-mid", "android-high"):
         assert load_profile(name).runtime == "ort", name
-    for name in ("jetson-nano-4gb", "raspberry-pi-4-8gb", "raspberry-pi-5-8gb"):
-        assert load_profile(name).runtime == "torch", name
-
-
-def test_ort_on_aarch64_linux_says_it_needs_a_source_build():
-    for name in ("raspberry-pi-zero-2w", "raspberry-pi-3b-plus"):
-        assert "source build" in load_profile(name).description
+    assert load_profile("jetson-nano-4gb").runtime == "torch"
+    for name in REQUIRED:
+        if name.startswith("raspberry-pi"):
+            assert load_profile(name).runtime == "executorch", name
+            assert "native trainer" in load_profile(name).description, name
 
 
 def test_android_budgets_by_tier():
