@@ -79,12 +79,18 @@ def build_dir(t: Target) -> Path:
     return home() / "native" / f"{t.name}-{source_hash()}"
 
 
+def staged(folder: Path) -> Path:
+    """The installed trainer of a build folder: stage/bin beside stage/lib, a link to the SDK's libraries
+    (the binary's RUNPATH is $ORIGIN/../lib alone, as in a bundle)."""
+    return folder / "stage" / "bin" / BINARY
+
+
 def find_trainer() -> Optional[Path]:
     """The built trainer for this machine, or None."""
     if env := os.environ.get("EDGEFL_ET_TRAIN"):
         return Path(env) if Path(env).is_file() else None
     try:
-        built = build_dir(host_target()) / BINARY
+        built = staged(build_dir(host_target()))
     except ConfigError:
         return None
     if built.is_file():
@@ -196,7 +202,7 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
     happens when the same sources were built before."""
     t = target(target_name)
     folder = Path(out) if out is not None else build_dir(t)
-    binary = folder / BINARY
+    binary = staged(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder / ".lock"):
         if binary.is_file() and (folder / ".sources").is_file() and (folder / ".sources").read_text() == source_hash():
@@ -210,11 +216,16 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
         if t.toolchain:
             argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
         log(f"building {BINARY} for {t.name} in {folder}")
-        for step in (argv, [cmake, "--build", str(folder), "--parallel", str(os.cpu_count() or 1)]):
+        for step in (argv, [cmake, "--build", str(folder), "--parallel", str(os.cpu_count() or 1)],
+                     [cmake, "--install", str(folder), "--prefix", str(folder / "stage")]):
             proc = subprocess.run(step, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"building {BINARY} failed ({' '.join(step[:3])}):\n{proc.stdout[-3000:]}\n"
                                    f"{proc.stderr[-3000:]}")
+        lib = folder / "stage" / "lib"
+        if lib.is_symlink() or lib.exists():
+            lib.unlink()
+        lib.symlink_to(package / "lib", target_is_directory=True)
         (folder / ".sources").write_text(source_hash())
     return binary
 

@@ -170,6 +170,10 @@ from edgefl.cli.broker_cmd import broker_app  # noqa: E402
 
 app.add_typer(broker_app, name="broker")
 
+from edgefl.cli.device_cmd import device_app  # noqa: E402  (the bundle's build runs inside the command)
+
+app.add_typer(device_app, name="device")
+
 from edgefl.cli.export_cmd import export  # noqa: E402  (torch and the backends are imported inside)
 from edgefl.cli.data_cmd import data_app  # noqa: E402
 

@@ -1,0 +1,188 @@
+"""The Raspberry Pi path, checked on an x86 machine: the native trainer cross-built for aarch64 and run under
+qemu-user (`qemu-aarch64-static -L /usr/aarch64-linux-gnu`: no arm64 root filesystem, no binfmt), and the
+bundle `edgefl device bundle` writes for a Pi.
+
+* the cross-built trainer reports machine aarch64 and trains a CNN frozen-1 ExecuTorch set (one epoch of 40
+  examples) to the x86 trainer's losses (rel. 1e-5) and upload (rel. err <= 1e-5);
+* the bundle unpacks to edgefl-device/ with bin/edgefl-et-train (an aarch64 ELF whose only RUNPATH is
+  $ORIGIN/../lib), lib/ holding exactly the libraries it loads, wheels/ holding edgefl and numpy for aarch64
+  and no torch, executorch or onnxruntime, an executable install.sh, the unit, device.env, README.md and a
+  SHA256SUMS that verifies; the bundled trainer runs from the unpacked folder through that RUNPATH (no
+  LD_LIBRARY_PATH, and the build machine's SDK folder is not on it) with the same result; a second bundle
+  (--force) needs no package index (the dependency wheels are cached);
+* bad output paths (a missing folder, an existing file without --force) are one line and exit 2.
+
+Needs apt's qemu-user-static and g++-aarch64-linux-gnu (the test fails, not skips, without them); the
+first run downloads the aarch64 executorch wheel (~18 MB) and the dependency wheels (~21 MB) into
+EDGEFL_DEVICE_HOME, shared across runs (tests/conftest.py).
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export_cases import CNN, EXPORTS, available, cnn_config
+from edgefl.device_runtime import native
+
+pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed")]
+EDGEFL = Path(sys.executable).parent / "edgefl"
+SYSROOT = "/usr/aarch64-linux-gnu"
+EXAMPLES, SEED = 40, 3
+TOOLS = {"qemu-aarch64-static": "qemu-user-static", "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu"}
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+@pytest.fixture(scope="module")
+def qemu():
+    missing = [name for name in TOOLS if shutil.which(name) is None]
+    if missing or not Path(SYSROOT, "lib").is_dir():
+        pytest.fail(f"{', '.join(missing) or SYSROOT} missing: the aarch64 checks need them; install with: "
+                    f"apt-get install {' '.join(TOOLS.values())}", pytrace=False)
+    return shutil.which("qemu-aarch64-static")
+
+
+@pytest.fixture(scope="module")
+def case(exported, tmp_path_factory):
+    """The CNN frozen-1 set and a data folder for it: x float32 (40, 1, 8, 8), y int64."""
+    artifacts = exported("executorch", CNN, cnn_config(1))
+    classes = artifacts.suffix.outputs[1].shape[-1]
+    rng = np.random.default_rng(0)
+    data = tmp_path_factory.mktemp("aarch64-data")
+    np.save(data / "x.npy", rng.standard_normal((EXAMPLES, 1, 8, 8)).astype(np.float32))
+    np.save(data / "y.npy", rng.integers(0, classes, EXAMPLES).astype(np.int64))
+    return artifacts.folder, data
+
+
+def train(argv: list, case, out: Path, env=None) -> tuple[dict, np.ndarray]:
+    artifacts, data = case
+    proc = subprocess.run([*map(str, argv), "--artifacts", str(artifacts), "--data", str(data), "--out", str(out),
+                           "--epochs", "1", "--seed", str(SEED), "--losses"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), np.load(out)
+
+
+def assert_same_training(report, upload, reference):
+    ref_report, ref_upload = reference
+    assert report["machine"] == "aarch64" and ref_report["machine"] == "x86_64"
+    assert report["trainer"] == ref_report["trainer"] and report["torch_loaded"] is False
+    assert report["steps"] == ref_report["steps"] == len(report["losses"]) > 1
+    np.testing.assert_allclose(report["losses"], ref_report["losses"], rtol=1e-5)
+    assert upload.dtype == np.float32 and upload.shape == ref_upload.shape
+    assert rel(upload, ref_upload) <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def x86_run(native_trainer, case, tmp_path_factory):
+    return train([native_trainer], case, tmp_path_factory.mktemp("x86") / "upload.npy")
+
+
+def test_cross_built_trainer_trains_as_on_x86(qemu, case, x86_run, tmp_path):
+    binary = native.build("linux-aarch64")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(native.runtime_libraries("linux-aarch64"))}
+    report, upload = train([qemu, "-L", SYSROOT, binary], case, tmp_path / "upload.npy", env)
+    assert_same_training(report, upload, x86_run)
+
+
+def bundle_cli(output: Path, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(EDGEFL), "device", "bundle", "--target", "linux-aarch64", "-o", str(output), *args],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def bundle(qemu, tmp_path_factory):
+    """(tarball, unpacked edgefl-device/ folder, CLI output)"""
+    tarball = tmp_path_factory.mktemp("bundle") / "edgefl-pi.tar.gz"
+    proc = bundle_cli(tarball)
+    assert proc.returncode == 0, proc.stderr
+    into = tmp_path_factory.mktemp("unpacked")
+    with tarfile.open(tarball) as tar:
+        tar.extractall(into, filter="data")
+    assert [p.name for p in into.iterdir()] == ["edgefl-device"]
+    return tarball, into / "edgefl-device", proc.stdout
+
+
+def test_bundle_layout(bundle):
+    tarball, root, stdout = bundle
+    assert str(tarball) in stdout and "MiB" in stdout
+    assert all(entry in stdout for entry in ("bin/", "lib/", "wheels/", "install.sh"))
+    assert sorted(p.name for p in root.iterdir()) == ["README.md", "SHA256SUMS", "bin", "device.env",
+                                                      "edgefl-device.service", "install.sh", "lib", "wheels"]
+    binary = root / "bin" / native.BINARY
+    assert [p.name for p in (root / "bin").iterdir()] == [native.BINARY] and os.access(binary, os.X_OK)
+    assert binary.read_bytes()[18:20] == (183).to_bytes(2, "little")      # ELF e_machine EM_AARCH64
+    dynamic = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, check=True).stdout
+    paths = [line.split("[", 1)[1] for line in dynamic.splitlines() if "(RUNPATH)" in line or "(RPATH)" in line]
+    assert paths == ["$ORIGIN/../lib]"], dynamic
+    assert sorted(p.name for p in (root / "lib").iterdir()) == sorted(native.NEEDED_LIBRARIES)
+
+    wheels = [p.name for p in (root / "wheels").iterdir()]
+    assert all(w.endswith(".whl") for w in wheels)
+    assert len([w for w in wheels if w.startswith("edgefl-")]) == 1
+    assert any(w.startswith("numpy-") and "aarch64" in w and "cp311" in w for w in wheels), wheels
+    assert not [w for w in wheels if w.lower().startswith(("torch", "executorch", "onnxruntime"))], wheels
+    own = next((root / "wheels").glob("edgefl-*.whl"))
+    with zipfile.ZipFile(own) as z:
+        names = z.namelist()
+    assert "edgefl/device_runtime/cli.py" in names and not [n for n in names if n.startswith(("tests/", "bench/"))]
+
+    install = root / "install.sh"
+    assert os.access(install, os.X_OK)
+    assert subprocess.run(["sh", "-n", str(install)]).returncode == 0
+    for name in ("install.sh", "README.md", "device.env", "edgefl-device.service"):
+        text = (root / name).read_text()
+        leftover = {t for t in ("@VERSION@", "@TARGET@", "@MACHINE@", "@PYTHON_VERSION@") if t in text}
+        assert not leftover, (name, leftover)
+    assert "--runtime executorch" in (root / "edgefl-device.service").read_text()
+
+    listed = {}
+    for line in (root / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split("  ", 1)
+        listed[name] = digest
+    files = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} - {"SHA256SUMS"}
+    assert set(listed) == files
+    for name, digest in listed.items():
+        assert hashlib.sha256((root / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_bundled_trainer_runs_from_the_unpacked_folder(qemu, bundle, case, x86_run, tmp_path):
+    root = bundle[1]
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}   # the RUNPATH finds ../lib
+    report, upload = train([qemu, "-L", SYSROOT, root / "bin" / native.BINARY], case, tmp_path / "upload.npy", env)
+    assert_same_training(report, upload, x86_run)
+
+
+def test_a_second_bundle_needs_no_package_index(bundle):
+    tarball = bundle[0]
+    offline = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    offline.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")
+    proc = bundle_cli(tarball, "--force", env=offline)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(tarball) as tar:
+        assert f"edgefl-device/lib/{native.NEEDED_LIBRARIES[0]}" in tar.getnames()
+
+
+@pytest.mark.parametrize("problem", ["missing folder", "existing file"])
+def test_bad_output_is_one_line(problem, tmp_path):
+    output = tmp_path / "missing" / "edgefl-pi.tar.gz"
+    if problem == "existing file":
+        output = tmp_path / "edgefl-pi.tar.gz"
+        output.write_bytes(b"keep me")
+    proc = bundle_cli(output)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("edgefl: error: -o "), proc.stderr
+    assert ("does not exist" if problem == "missing folder" else "--force") in proc.stderr
+    if problem == "existing file":
+        assert output.read_bytes() == b"keep me"
