@@ -7,7 +7,7 @@ MALLOC_MMAP_THRESHOLD_ in the child's environment (read by glibc at start; edgef
 For the ort runtime the child blocks torch from import, so nothing can pull it in unseen.
 
 Data: a folder holding x.npy and y.npy, or an .npz holding arrays x and y (`edgefl data export` writes
-one client's share). Loss before/after is the eval-mode loss on the first `--eval-examples` examples.
+one client's share), read a batch at a time. Loss before/after is the eval-mode loss on the first `--eval-examples` examples.
 """
 from __future__ import annotations
 
@@ -42,24 +42,17 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table")
 
 
-def load_data(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        if path.is_dir():
-            x, y = np.load(path / "x.npy"), np.load(path / "y.npy")
-        else:
-            with np.load(path) as data:
-                if missing := [k for k in ("x", "y") if k not in data.files]:
-                    raise ConfigError(f"--data {path}: no array {missing[0]!r}; the .npz must hold arrays x and y")
-                x, y = data["x"], data["y"]
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--data {path}: {Path(exc.filename).name if exc.filename else path} not found; give a "
-                          "folder with x.npy and y.npy or an .npz (write one with 'edgefl data export')") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--data {path}: not numpy data ({exc})") from None
-    if len(x) == 0 or len(y) % len(x):
-        raise ConfigError(f"--data {path}: x has {len(x)} examples and y {len(y)} targets; y needs a whole number "
-                          "of targets per example")
-    return x, np.asarray(y, np.int64)
+def load_data(path: Path, trainer) -> tuple:
+    """The local data at `path` checked against the trainer's set, read a batch at a time
+    (edgefl.device_runtime.local_data): x as the model input's dtype, y one entry per example."""
+    from edgefl.device_runtime.local_data import open_local_data
+
+    x, y = open_local_data(path)
+    first_input = (trainer.artifacts.prefix or trainer.manifest).inputs[0]
+    if tuple(x.shape[1:]) != tuple(first_input.shape[1:]):
+        raise ConfigError(f"--data {path}: examples of shape {tuple(x.shape[1:])}, the artifact takes "
+                          f"{tuple(first_input.shape[1:])}; export data for this model")
+    return x.astype(first_input.dtype), y
 
 
 def _status(field: str) -> int:
@@ -72,23 +65,17 @@ def train(args: argparse.Namespace) -> dict:
     from edgefl.device_runtime.trainers.base import open_trainer
 
     t0 = time.perf_counter()
-    x, y = load_data(args.data)
     trainer = open_trainer(args.artifacts, args.runtime, threads=args.threads)
     m = trainer.manifest
-    in_shape = next((tuple(i.shape[1:]) for i in (trainer.artifacts.prefix or m).inputs[:1]), None)
-    if in_shape is not None and tuple(x.shape[1:]) != in_shape:
-        raise ConfigError(f"--data {args.data}: examples of shape {tuple(x.shape[1:])}, the artifact takes "
-                          f"{in_shape}; export data for this model")
-    x = x.astype((trainer.artifacts.prefix or m).inputs[0].dtype, copy=False)
+    x, y = load_data(args.data, trainer)
     loaded_rss = _status("VmRSS")
     n = min(len(x), args.eval_examples)
-    rows = len(y) // len(x)
     skipped = {"loss": None, "accuracy": None}
-    before = trainer.evaluate(x[:n], y[: n * rows]) if n else skipped
+    before = trainer.evaluate(x.head(n), y.head(n)) if n else skipped
     t1 = time.perf_counter()
     losses = trainer.fit(x, y, args.lr, args.steps, args.seed)
     step_s = (time.perf_counter() - t1) / max(args.steps, 1)
-    after = trainer.evaluate(x[:n], y[: n * rows]) if n else skipped
+    after = trainer.evaluate(x.head(n), y.head(n)) if n else skipped
     return {"runtime": trainer.runtime, "config_hash": m.config_hash, "artifact_id": m.id, "steps": len(losses),
             "batch_size": m.batch_size, "lr": args.lr, "examples": len(x),
             "loss_before": before["loss"], "loss_after": after["loss"],

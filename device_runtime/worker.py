@@ -2,7 +2,8 @@
 tensors, print what it measured. Started fresh for every round by the agent (`edgefl.device_runtime.child`),
 so its peak RSS (VmHWM) is the training's own and nothing of a previous round stays resident.
 
-Local training matches the emulation's torch Trainer (edgefl.device_runtime.trainers.torch_trainer) batch
+Local data is read a batch at a time (edgefl.device_runtime.local_data), so the peak does not grow with
+the device's share. Local training matches the emulation's torch Trainer (edgefl.device_runtime.trainers.torch_trainer) batch
 for batch, so a run served to devices and the same run emulated reach the same weights: `local_epochs`
 passes, each over a fresh permutation from numpy's default_rng(seed) in batches of the manifest's batch
 size, the last batch of a pass the remainder.
@@ -31,12 +32,8 @@ def train(spec: dict) -> dict:
     from edgefl.device_runtime.trainers.base import open_trainer
 
     t0 = time.perf_counter()
-    x, y = load_data(Path(spec["data"]))
     trainer = open_trainer(spec["artifacts"], spec.get("runtime"), threads=spec.get("threads", 1))
-    first_input = (trainer.artifacts.prefix or trainer.manifest).inputs[0]
-    x = x.astype(first_input.dtype, copy=False)
-    rows = len(y) // len(x)
-    y = np.asarray(y, np.int64).reshape(len(x), rows)
+    x, y = load_data(Path(spec["data"]), trainer)
     rng = np.random.default_rng(spec["seed"])
     losses = []
     # a runtime whose training program has a fixed batch size skips a pass's smaller remainder
@@ -45,7 +42,7 @@ def train(spec: dict) -> dict:
         order = rng.permutation(len(x))
         for start in range(0, whole, trainer.batch_size):
             idx = order[start:start + trainer.batch_size]
-            losses.append(float(trainer.train_step(x[idx], y[idx].reshape(-1), spec["lr"])))
+            losses.append(float(trainer.train_step(x[idx], np.asarray(y[idx], np.int64).reshape(-1), spec["lr"])))
     buffer = trainer.upload_buffer()
     np.save(spec["out"], buffer)
     return {"runtime": trainer.runtime, "steps": len(losses), "examples": len(x),

@@ -117,13 +117,13 @@ class ArtifactTrainer(ABC):
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict:
         """Mean cross-entropy over the non-ignored targets and their accuracy, in batches of the manifest's
-        batch size (eval mode, no update)."""
-        y = np.asarray(y, np.int64).reshape(-1)
-        rows_per_sample = len(y) // max(len(x), 1)
+        batch size (eval mode, no update). x and y may be arrays or local data read a batch at a time
+        (edgefl.device_runtime.local_data); y holds each example's targets, or all targets flat."""
+        per_example = _per_example(x, y)
         loss, correct, count = 0.0, 0, 0
         for start in range(0, len(x), self.batch_size):
             xb = x[start:start + self.batch_size]
-            yb = y[start * rows_per_sample:(start + len(xb)) * rows_per_sample]
+            yb = np.asarray(per_example[start:start + len(xb)], np.int64).reshape(-1)
             mean, logits = self.eval_batch(xb, yb)
             valid = yb != IGNORE_INDEX
             n = int(valid.sum())
@@ -135,8 +135,7 @@ class ArtifactTrainer(ABC):
     def fit(self, x: np.ndarray, y: np.ndarray, lr: float, steps: int, seed: int = 0) -> list[float]:
         """`steps` training steps on batches of the manifest's batch size drawn without replacement from a
         seeded permutation (a new one each pass; a pass's remainder smaller than a batch is skipped)."""
-        rows = len(np.asarray(y).reshape(-1)) // max(len(x), 1)
-        y = np.asarray(y, np.int64).reshape(len(x), rows)
+        y = _per_example(x, y)
         rng = np.random.default_rng(seed)
         batch = min(self.batch_size, len(x))
         losses: list[float] = []
@@ -147,5 +146,13 @@ class ArtifactTrainer(ABC):
                 order, start = rng.permutation(len(x)), 0
             idx = np.sort(order[start:start + batch])
             start += batch
-            losses.append(self.train_step(x[idx], y[idx].reshape(-1), lr))
+            losses.append(self.train_step(x[idx], np.asarray(y[idx], np.int64).reshape(-1), lr))
         return losses
+
+
+def _per_example(x, y):
+    """y with one entry (a classifier's target, an LM's T targets) per example of x: as it is when it
+    already has one per example (local data read a batch at a time is), else the flat targets reshaped."""
+    if len(y) == len(x):
+        return y
+    return np.asarray(y, np.int64).reshape(len(x), -1)

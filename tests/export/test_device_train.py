@@ -96,3 +96,20 @@ def test_bad_data_and_runtime_exit_2(exported, tmp_path):
     one_line_error(device("train", "--artifacts", folder, "--data", tmp_path / "absent"), "absent not found")
     one_line_error(device("train", "--artifacts", folder, "--data", tmp_path / "wrong.npz", "--runtime", "torch"),
                    "exported for ort")
+
+
+@pytest.mark.parametrize("runtime", ["ort", "torch"])
+def test_peak_memory_does_not_grow_with_the_local_data(runtime, exported, tmp_path):
+    """Local data is read a batch at a time: 15,000 examples (11 MiB of inputs) cost what 300 do."""
+    a = exported(runtime, RESNET, CONFIG)
+    rng = np.random.default_rng(0)
+    peaks = {}
+    for n in (300, 15_000):
+        folder = tmp_path / str(n)
+        folder.mkdir()
+        np.save(folder / "x.npy", rng.standard_normal((n, 3, 8, 8)).astype(np.float32))
+        np.save(folder / "y.npy", rng.integers(0, 10, n))
+        r = device("train", "--artifacts", a.folder, "--data", folder, "--steps", 20, "--format", "json")
+        assert r.returncode == 0, r.stderr
+        peaks[n] = json.loads(r.stdout)["peak_rss_bytes"]
+    assert abs(peaks[15_000] - peaks[300]) <= 2 * 2**20, peaks
