@@ -106,7 +106,8 @@ class DeviceAgent:
         with tempfile.TemporaryDirectory(prefix="edgefl-round-") as tmp:
             out = Path(tmp) / "upload.npy"
             spec = {"artifacts": str(folder), "data": str(self.data), "lr": ins.lr, "seed": ins.seed,
-                    "epochs": ins.config.local_epochs, "threads": self.threads, "runtime": self.runtime, "out": str(out)}
+                    "epochs": ins.config.local_epochs, "threads": self.threads, "runtime": self.runtime, "out": str(out),
+                    "max_examples": ins.option("max_examples")}
             meter = self.meter() if self.meter else None
             if meter:
                 meter.start()
@@ -114,7 +115,8 @@ class DeviceAgent:
             try:
                 if self.native is not None:
                     argv = trainer_argv(self.native, folder, self.data, out, lr=ins.lr, seed=ins.seed,
-                                        epochs=ins.config.local_epochs, threads=self.threads)
+                                        epochs=ins.config.local_epochs, threads=self.threads,
+                                        max_examples=ins.option("max_examples"))
                     child = run_process(argv, self.threads, self.train_timeout_s, cap)
                 else:
                     child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap)

@@ -126,10 +126,11 @@ def choose(runtime: str, trainer: str = "auto") -> Optional[Path]:
 
 
 def trainer_argv(binary: Path, artifacts: Path, data: Path, out: Path, *, lr: float, seed: int, epochs: int,
-                 threads: int) -> list[str]:
+                 threads: int, max_examples: Optional[int] = None) -> list[str]:
     """The native trainer's command line for one round of the agent (the worker's schedule)."""
-    return [str(binary), "--artifacts", str(artifacts), "--data", str(data), "--out", str(out), "--lr", repr(lr),
+    argv = [str(binary), "--artifacts", str(artifacts), "--data", str(data), "--out", str(out), "--lr", repr(lr),
             "--seed", str(seed), "--epochs", str(epochs), "--threads", str(threads)]
+    return argv + (["--max-examples", str(max_examples)] if max_examples else [])
 
 
 def _installed_sdk() -> Optional[Path]:

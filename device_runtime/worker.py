@@ -9,7 +9,8 @@ passes, each over a fresh permutation from numpy's default_rng(seed) in batches 
 size, the last batch of a pass the remainder.
 
     python -m edgefl.device_runtime.worker '{"artifacts": DIR, "data": PATH, "lr": 0.05, "seed": 7,
-                                              "epochs": 1, "threads": 1, "out": FILE.npy}'
+                                              "epochs": 1, "threads": 1, "out": FILE.npy,
+                                              "max_examples": 400 (optional)}'
 """
 from __future__ import annotations
 
@@ -36,16 +37,18 @@ def train(spec: dict) -> dict:
     x, y = load_data(Path(spec["data"]), trainer)
     rng = np.random.default_rng(spec["seed"])
     losses = []
+    # the plan's FLOPs assume `max_examples` per pass: a device holding more trains on that many, drawn anew
+    used = min(len(x), spec.get("max_examples") or len(x))
     # a runtime whose training program has a fixed batch size skips a pass's smaller remainder
-    whole = len(x) - len(x) % trainer.batch_size if getattr(trainer, "exact_batch", False) else len(x)
+    whole = used - used % trainer.batch_size if getattr(trainer, "exact_batch", False) else used
     for _ in range(spec.get("epochs", 1)):
-        order = rng.permutation(len(x))
+        order = rng.permutation(len(x))[:used]
         for start in range(0, whole, trainer.batch_size):
             idx = order[start:start + trainer.batch_size]
             losses.append(float(trainer.train_step(x[idx], np.asarray(y[idx], np.int64).reshape(-1), spec["lr"])))
     buffer = trainer.upload_buffer()
     np.save(spec["out"], buffer)
-    return {"runtime": trainer.runtime, "steps": len(losses), "examples": len(x),
+    return {"runtime": trainer.runtime, "steps": len(losses), "examples": used,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "upload_bytes": int(buffer.nbytes), "peak_rss_bytes": vm_status("VmHWM"),
             "wall_s": time.perf_counter() - t0,

@@ -65,6 +65,7 @@ class RoundRecord:
     download_bytes: int = 0
     download_saved_bytes: int = 0                 # spared by shrinking frozen layers (FedOLF TOA)
     flops: float = 0.0
+    flops_per_device: dict[str, float] = field(default_factory=dict)   # device -> FLOPs its instruction allows
     train_loss: Optional[float] = None
     accuracy: Optional[float] = None
     loss: Optional[float] = None
@@ -159,6 +160,8 @@ class Coordinator:
                 continue
             seed = zlib.crc32(f"{self.settings.seed}/{device}".encode()) & 0x7FFFFFFF
             options = self.strategy.trainer_options(r, step, self.plan.groups[group.name])
+            if group.examples is not None:   # the plan's FLOPs assume this many: a device trains no more
+                options["max_examples"] = group.examples
             if self.settings.measure_memory:
                 options["memory_check"] = (step.predicted.peak_memory_bytes, step.predicted.activation_bytes)
             instruction = RoundInstruction(round=r, device_id=device, config=step.config, weights_version=r - 1,
@@ -171,7 +174,9 @@ class Coordinator:
             sent[device] = (instruction, delivery.handle)
             record.predicted_peak_bytes[device] = step.predicted.peak_memory_bytes
             record.download_saved_bytes += delivery.saved_bytes
-            record.flops += step.predicted.flops_per_sample * self.examples(device) * step.config.local_epochs
+            flops = step.predicted.flops_per_sample * self.examples(device) * step.config.local_epochs
+            record.flops_per_device[device] = flops
+            record.flops += flops
             if device not in journaled:
                 self.transport.send(instruction, delivery.weights, delivery.artifacts or None)
         waiting = [d for d in sent if d not in journaled]

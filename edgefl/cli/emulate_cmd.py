@@ -88,13 +88,14 @@ def emulate(
     from edgefl.fleet import load_fleet
     from edgefl.history import write_history
     from edgefl.plan import verify
+    from edgefl.shares import device_shares
     from edgefl.strategies import PlanContext, get_strategy
 
     resolve_device(device)  # fail before any work when CUDA is asked for and absent
     if pretrained is not None and model != "transformer":
         raise ConfigError(f"--pretrained: the pretrained set holds transformers; use --model transformer, not {model}")
     fleet = load_fleet(devices)
-    split = parse_partition(partition)
+    parse_partition(partition)   # a bad partition fails before the data loads
     train = _subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
     test = _subset(load_dataset(dataset, root=data_root, split="test"), test_limit, seed + 1)
     if input_shape is None and model != "transformer" and train.x.ndim == 4:
@@ -111,12 +112,8 @@ def emulate(
     plan = verify(strategy.plan(PlanContext(fleet, ref, rounds=rounds, batch_size=batch_size,
                                             local_epochs=local_epochs)), fleet)
     ref = plan.model  # CAFF may choose another depth
-    n_devices = fleet.device_count
-    shares = split.split(train.y, n_devices, seed, groups=getattr(train, "groups", None))
-    if len(shares) < n_devices:
-        raise ConfigError(f"--partition {partition}: the data has {len(shares)} natural clients for "
-                          f"{n_devices} devices; use a smaller fleet or another partition")
-    shares = shares[:n_devices]
+    share_of = device_shares(fleet, train, partition, seed, source=dataset)
+    shares = [share_of[d] for d in sorted(share_of)]
 
     initial = None
     if pretrained is not None:

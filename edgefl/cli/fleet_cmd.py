@@ -23,21 +23,17 @@ fleet_app = typer.Typer(no_args_is_help=True, help="run a fleet of device agents
 
 def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, train_limit: Optional[int] = None,
                   data_root: Optional[Path] = None) -> dict[str, Path]:
-    """Each device's share of the training split as DIR/<device>/{x,y}.npy, split as emulation splits it."""
+    """Each device's share of the training split as DIR/<device>/{x,y}.npy, split as emulation splits it
+    (edgefl.shares: cut to its group's `examples:`)."""
     import numpy as np
 
     from edgefl.cli.emulate_cmd import _subset
-    from edgefl.data import load_dataset, parse_partition
-    from edgefl.errors import ConfigError
+    from edgefl.data import load_dataset
+    from edgefl.shares import device_shares
 
     train = _subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
-    devices = sorted(d for g in fleet.groups for d in g.device_ids)
-    shares = parse_partition(partition).split(train.y, len(devices), seed, groups=getattr(train, "groups", None))
-    if len(shares) < len(devices):
-        raise ConfigError(f"--partition {partition}: the data has {len(shares)} natural clients for "
-                          f"{len(devices)} devices; use a smaller fleet or another partition")
     out = {}
-    for device, idx in zip(devices, shares[: len(devices)], strict=True):
+    for device, idx in sorted(device_shares(fleet, train, partition, seed, source=dataset).items()):
         d = folder / device
         d.mkdir(parents=True, exist_ok=True)
         np.save(d / "x.npy", train.x[idx])

@@ -116,20 +116,27 @@ def test_native_matches_the_python_trainer_and_torch(ref, config, tolerance, exp
     assert rel(upload, initial) > 100 * tolerance                  # it trained
 
 
-def test_the_agents_schedule_matches_the_worker(exported, native_trainer, tmp_path):
-    """--epochs is the device worker's schedule: numpy's default_rng(seed).permutation per epoch, unsorted
-    batches, the remainder skipped; the native run and the Python worker reach the same upload."""
+@pytest.mark.parametrize("max_examples", [None, 24])
+def test_the_agents_schedule_matches_the_worker(max_examples, exported, native_trainer, tmp_path):
+    """--epochs is the device worker's schedule: numpy's default_rng(seed).permutation per epoch, cut to the
+    plan's examples (--max-examples), unsorted batches, the remainder skipped; the native run and the
+    Python worker reach the same upload."""
+    from edgefl.device_runtime.native import trainer_argv
+
     artifacts = exported("executorch", CNN, cnn_config(1))
     data, _, _ = local_data(artifacts, tmp_path / "data", 45)
-    report = native(native_trainer, "--artifacts", artifacts.folder, "--data", data, "--epochs", 2, "--seed", 7,
-                    "--out", tmp_path / "native.npy")
+    argv = trainer_argv(native_trainer, artifacts.folder, data, tmp_path / "native.npy", lr=0.05, seed=7, epochs=2,
+                        threads=1, max_examples=max_examples)
+    report = native(*argv)
     spec = {"artifacts": str(artifacts.folder), "data": str(data), "lr": 0.05, "seed": 7, "epochs": 2, "threads": 1,
-            "runtime": "executorch", "out": str(tmp_path / "python.npy")}
+            "runtime": "executorch", "out": str(tmp_path / "python.npy"), "max_examples": max_examples}
     proc = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.worker", json.dumps(spec)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     worker = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["steps"] == worker["steps"] == 2 * (45 // artifacts.suffix.batch_size)
+    used = max_examples or 45
+    assert report["examples"] == worker["examples"] == used
+    assert report["steps"] == worker["steps"] == 2 * (used // artifacts.suffix.batch_size)
     assert report["loss_last"] == pytest.approx(worker["loss_last"], rel=1e-6)
     assert rel(np.load(tmp_path / "native.npy"), np.load(tmp_path / "python.npy")) <= 1e-6
 

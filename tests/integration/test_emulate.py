@@ -87,3 +87,54 @@ def test_cuda_absent_is_a_clear_error(tmp_path, fleet_text):
                         "--dataset", "fashion-mnist", "--method", "fedavg", "--rounds", "1", "--device", "cuda",
                         "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=os.environ)
     assert r.returncode == 2 and "--device cuda" in r.stderr and "Traceback" not in r.stderr
+
+
+EXAMPLES_FLEET = ("fleet:\n  groups:\n"
+                  "    small: {count: 3, memory_budget: 2GiB, runtime: torch, examples: 200}\n"
+                  "    big: {count: 2, memory_budget: 2GiB, runtime: torch, examples: 90}\n")
+
+
+def test_examples_means_what_each_device_trains_on(tmp_path):
+    """`examples:` gives each device exactly that many examples, and the history's FLOPs per device are the
+    planner's per-round FLOPs for it (edgefl.plan.round_flops)."""
+    from edgefl.plan import Plan, round_flops
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(EXAMPLES_FLEET)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
+                        "--dataset", "fashion-mnist", "--method", "fedavg", "--rounds", "2", "--clients-per-round",
+                        "5", "--train-limit", "3000", "--test-limit", "200", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    plan = Plan.read(out / "plan.json")
+    history = json.loads((out / "history.json").read_text())
+    for record in history["rounds"]:
+        assert len(record["flops_per_device"]) == 5
+        for device, flops in record["flops_per_device"].items():
+            group = plan.groups[record["sampled"][device]]
+            step = group.steps[0]
+            assert flops == pytest.approx(round_flops(step.predicted, group, step.config), rel=1e-12)
+        assert record["flops"] == pytest.approx(sum(record["flops_per_device"].values()))
+
+
+def test_a_data_set_too_small_for_examples_is_a_clear_error(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(EXAMPLES_FLEET)
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn",
+                        "--dataset", "fashion-mnist", "--method", "fedavg", "--rounds", "1", "--train-limit", "500",
+                        "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "fleet.groups.small.examples: 200" in line and "lower examples" in line, line
+
+
+def test_fleet_up_shares_hold_the_groups_examples(tmp_path):
+    import numpy as np
+
+    from edgefl.cli.fleet_cmd import export_shares
+    from edgefl.fleet import parse_fleet
+
+    shares = export_shares(parse_fleet(EXAMPLES_FLEET), "fashion-mnist", "iid", 0, tmp_path, train_limit=3000)
+    sizes = {d: len(np.load(folder / "y.npy")) for d, folder in shares.items()}
+    assert sizes == {"small-0": 200, "small-1": 200, "small-2": 200, "big-0": 90, "big-1": 90}

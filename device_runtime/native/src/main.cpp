@@ -1,11 +1,11 @@
 // edgefl-et-train: train an ExecuTorch artifact set on local data without Python or torch.
 //
 //   edgefl-et-train --artifacts SET --data DATA [--out upload.npy] [--lr 0.05] [--seed 0]
-//                   [--epochs 1 | --steps N] [--eval-examples 0] [--threads 1] [--losses]
+//                   [--epochs 1 [--max-examples K] | --steps N] [--eval-examples 0] [--threads 1] [--losses]
 //
 // Batches follow edgefl's device schedule (docs/artifact-format.md): --epochs E passes, each over
-// numpy's default_rng(seed).permutation(examples) in batches of the set's batch, the smaller remainder
-// skipped; --steps N draws sorted batches from successive permutations (edgefl-device train). The
+// numpy's default_rng(seed).permutation(examples), cut to its first K (--max-examples: the examples the
+// plan's FLOPs assume), in batches of the set's batch, the smaller remainder skipped; --steps N draws sorted batches from successive permutations (edgefl-device train). The
 // report, one JSON line on stdout, carries losses, step time and peak RSS (VmHWM). A user's mistake is
 // one line on stderr and exit 2, and the upload is written only when training finished.
 #include <sys/utsname.h>
@@ -37,13 +37,14 @@ namespace {
 
 const char* const USAGE =
     "usage: edgefl-et-train --artifacts SET --data DATA [--out UPLOAD.npy] [--lr LR] [--seed S]\n"
-    "                       [--epochs E | --steps N] [--eval-examples N] [--threads T] [--losses] [--no-verify]\n";
+    "                       [--epochs E [--max-examples K] | --steps N] [--eval-examples N] [--threads T]\n"
+    "                       [--losses] [--no-verify]\n";
 
 struct Options {
   std::string artifacts, data, out;
   double lr = 0.05;
   uint64_t seed = 0;
-  int64_t epochs = 1, steps = 0, eval_examples = 0, threads = 1;
+  int64_t epochs = 1, steps = 0, eval_examples = 0, threads = 1, max_examples = 0;
   bool losses = false, verify = true;
 };
 
@@ -72,6 +73,7 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--seed") o.seed = static_cast<uint64_t>(integer(flag, value, 0));
     else if (flag == "--epochs") o.epochs = integer(flag, value, 1);
     else if (flag == "--steps") o.steps = integer(flag, value, 1);
+    else if (flag == "--max-examples") o.max_examples = integer(flag, value, 1);
     else if (flag == "--eval-examples") o.eval_examples = integer(flag, value, 0);
     else if (flag == "--threads") o.threads = integer(flag, value, 1);
     else throw UserError(flag + ": unknown option\n" + USAGE);
@@ -114,9 +116,10 @@ std::vector<std::vector<int64_t>> schedule(const Options& o, int64_t examples, i
   NumpyGenerator rng(o.seed);
   std::vector<std::vector<int64_t>> batches;
   if (o.steps == 0) {
+    const int64_t used = o.max_examples ? std::min(o.max_examples, examples) : examples;
     for (int64_t e = 0; e < o.epochs; e++) {
       const auto order = rng.permutation(examples);
-      for (int64_t start = 0; start + batch <= examples; start += batch)
+      for (int64_t start = 0; start + batch <= used; start += batch)
         batches.emplace_back(order.begin() + start, order.begin() + start + batch);
     }
     return batches;
@@ -177,7 +180,8 @@ Json run(const Options& o) {
   report.set("config_hash", set.suffix.json["config_hash"]);
   report.set("artifact_id", Json(set.suffix.id));
   report.set("steps", Json(static_cast<int64_t>(losses.size())));
-  report.set("examples", Json(data.examples()));
+  report.set("examples", Json(o.steps == 0 && o.max_examples ? std::min(o.max_examples, data.examples())
+                                                               : data.examples()));
   report.set("batch_size", Json(trainer.batch()));
   report.set("lr", Json(o.lr));
   report.set("loss_first", losses.empty() ? Json() : Json(losses.front()));
