@@ -1,29 +1,46 @@
 """What an exported artifact set costs a device: peak RSS, step time, bytes, vs the cost model.
 
-    .venv/bin/python bench/artifact_memory.py [--backends ort,torch,executorch] [--models resnet20,transformer]
-                                              [--steps 20] [--context 256] [--no-fit]
+    .venv/bin/python bench/artifact_memory.py [--backends ort,torch,executorch] [--models resnet20,transformer,cnn]
+                                              [--configs K:S,...] [--steps 20] [--context 256] [--no-fit]
 
-For ResNet-20 (3x32x32, 10 classes) and the transformer LM (zoo defaults), each backend whose export
-module and trainer exist, frozen prefix in {0, middle, all-but-head} x head width {0.25, 1} (SLT-style:
-head_start = frozen_prefix + 1; all-but-head has no hidden layer left to narrow): export the set, then
-train it `--steps` steps at batch 32 in a fresh device process exactly as an operator would
-(`edgefl-device train --eval-examples 0 --format json`: glibc's mmap threshold fixed at 128 KiB, one
-thread, torch blocked for ORT) on 32 random examples, and record its peak RSS (VmHWM), step time, the
-artifact bytes (suffix + prefix), the upload bytes and the cost model's predicted peak.
+For each model (zoo defaults; ResNet-20 3x32x32, the CNN 1x28x28, the transformer LM) and each backend whose
+export module and trainer exist, over a grid of frozen prefix K x head width S (SLT-style: head_start = K + 1;
+all-but-head has no hidden layer left to narrow): export the set, then train it `--steps` steps at batch 32
+in a fresh device process exactly as an operator would (`edgefl-device train --eval-examples 0 --format
+json`: glibc's mmap threshold fixed at 128 KiB, one thread, torch blocked for ORT) on 32 random examples,
+and record its peak RSS (VmHWM), step time, the artifact bytes (suffix + prefix), the upload bytes and the
+cost model's predicted peak. ORT and torch: K in {0, middle, all-but-head} x S in {0.25, 1}.
 
-The ORT runtime's constants (edgefl/calibration.py) are calibrated here: `baseline_bytes` is measured (a
-fresh process importing onnxruntime through the torch-free shim and opening one session), and
-`workspace_fixed_bytes` / `workspace_factor` are fitted by least squares on the relative error of the
-predicted peak over every ORT row (the closed form of bench/memory_model.py's fit). Rows keep the
-prediction under the constants in force when the bench ran and under the fitted ones.
+ExecuTorch: the row is the native trainer (`edgefl-et-train`, the default path of `edgefl-device train`)
+and, on the same set in the same run, the Python ExecuTorch trainer (`--trainer python`, which imports
+torch); the row adds the analytic floor (weights trained + frozen, gradients, optimizer state, kept
+activations and one input batch: edgefl.cost's Cost fields), `native_over_floor_plus_16MiB` = native peak /
+(1.3 floor + 16 MiB) (goal <= 1), `native_over_python` (goal <= 0.25), the programs' memory-planned arena
+and the cost model's live-bytes peak of the step. Each ResNet-20 suffix export takes about a minute in
+ExecuTorch's toolchain, so its grid is tight (EXECUTORCH_GRID; `--configs` overrides every model's grid):
+`--backends executorch --models resnet20,cnn` takes about 5 minutes on 2 cores.
 
-Writes bench/results/artifact_memory.json; headline: `ort_all_but_head_over_full_resnet20` (peak RSS of
-the all-but-head set over the full-model set, one run) and the fitted constants with their worst error.
+Constants (edgefl/calibration.py) fitted here:
+* ort: `baseline_bytes` measured (a fresh process importing onnxruntime through the torch-free shim and
+  opening one session); `workspace_fixed_bytes` / `workspace_factor` fitted by least squares on the
+  relative error of the predicted peak over every ORT row (the closed form of bench/memory_model.py's fit).
+* executorch (the native trainer): `baseline_bytes` measured (the peak RSS of a fresh `edgefl-et-train
+  --version` under GNU time: its libraries loaded and kernels registered, no program: what every native
+  process holds before any model); workspace fitted as an upper bound ("a plan is a promise"): for each
+  workspace_factor on a grid, the least-squares fixed term raised by the worst under-prediction plus a
+  margin (every row then predicts >= measured + max(2% of it, 1 MiB)); the factor whose bound has the
+  least squared relative error is kept. Also fitted on one model family alone and checked on the other.
+Rows keep the prediction under the constants in force when the bench ran and under the fitted ones.
+
+Writes bench/results/artifact_memory.json, merged: rows and headline keys of backends this run did not
+measure are kept, and `runs` says which run measured which backends. Headlines:
+`ort_all_but_head_over_full_resnet20`, the fitted constants with their worst error, `executorch_goals`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -38,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants  # noqa: E402
-from edgefl.cost import cost  # noqa: E402
+from edgefl.cost import Cost, cost, step_peak_bytes  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
@@ -46,6 +63,13 @@ from edgefl.zoo import ModelRef  # noqa: E402
 MiB = 2**20
 BATCH = 32
 WIDTHS = (0.25, 1.0)
+# ExecuTorch rows, frozen prefix:head width: the full model, width 0.25 trained from the input and after the
+# middle (ResNet-20) or the first conv (CNN), and all-but-head
+EXECUTORCH_GRID = {"resnet20": "0:1,0:0.25,10:0.25,19:1", "cnn": "0:1,0:0.25,1:1,1:0.25,3:1"}
+MARGIN_FRACTION, MARGIN_BYTES = 0.02, MiB     # the executorch bound's slack over every measured peak
+ET_MAX_FACTOR = 8.0     # ExecuTorch's planned arenas hold im2col buffers: several times the live-bytes peak
+FLOOR_SLACK, FLOOR_FIXED = 1.3, 16 * MiB       # native_over_floor_plus_16MiB = peak / (1.3 floor + 16 MiB)
+GOALS = {"native_over_floor_plus_16MiB": 1.0, "native_over_python": 0.25}
 
 
 def built(backend: str) -> bool:
@@ -58,13 +82,14 @@ def built(backend: str) -> bool:
                for m in (_BACKENDS[backend][0], _TRAINERS[backend][0], *_BACKENDS[backend][3]))
 
 
-def configs(L: int) -> list[TrainConfig]:
-    out = []
-    for k in (0, L // 2, L - 1):
-        for s in WIDTHS if k + 1 < L else (1.0,):
-            head = None if s == 1 else k + 1
-            out.append(TrainConfig(num_layers=L, frozen_prefix=k, head_start=head, head_width=s, batch_size=BATCH))
-    return out
+def configs(L: int, grid: str | None = None) -> list[TrainConfig]:
+    """`grid` "K:S,...", else K in {0, L//2, L-1} x WIDTHS (width 1 only for all-but-head)."""
+    if grid:
+        pairs = [(int(k), float(s)) for k, s in (p.split(":") for p in grid.split(","))]
+    else:
+        pairs = [(k, s) for k in (0, L // 2, L - 1) for s in (WIDTHS if k + 1 < L else (1.0,))]
+    return [TrainConfig(num_layers=L, frozen_prefix=k, head_start=None if s == 1 else k + 1, head_width=s,
+                        batch_size=BATCH) for k, s in pairs]
 
 
 def write_data(ref: ModelRef, folder: Path, seed: int = 0) -> Path:
@@ -75,7 +100,7 @@ def write_data(ref: ModelRef, folder: Path, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     if ref.name == "transformer":
         x = rng.integers(0, model.num_classes, (BATCH, *model.input_shape))
-        y = rng.integers(0, model.num_classes, BATCH * model.input_shape[0])
+        y = rng.integers(0, model.num_classes, (BATCH, model.input_shape[0]))    # (N, T): an LM's targets
     else:
         x = rng.standard_normal((BATCH, *model.input_shape)).astype(np.float32)
         y = rng.integers(0, model.num_classes, BATCH)
@@ -107,105 +132,269 @@ def ort_baseline(folder: Path) -> int:
     return int(statistics.median(runs))
 
 
-def train_on_device(folder: Path, data: Path, steps: int) -> dict:
+def native_baseline(binary: Path) -> int | None:
+    """Peak RSS of a fresh `edgefl-et-train --version` (fixed allocator): the runtime libraries loaded and
+    their kernels registered (static initialisers run before main), no program: what every native training
+    process holds before any model. Measured by GNU time, whose fork of a small process keeps the count
+    clean: the rusage of a child that Python spawns (vfork) starts at Python's own RSS. None without it."""
+    import shutil
+    if shutil.which("time") is None or not Path("/usr/bin/time").is_file():
+        return None
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    runs = []
+    for _ in range(3):
+        r = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", str(binary), "--version"], capture_output=True,
+                           text=True, env=env, check=True)
+        runs.append(1024 * int(r.stderr.strip().splitlines()[-1].removeprefix("maxrss_kb=")))
+    return int(statistics.median(runs))
+
+
+def train_on_device(folder: Path, data: Path, steps: int, trainer: str = "auto") -> dict:
     r = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", "train", "--artifacts", str(folder),
-                        "--data", str(data), "--steps", str(steps), "--eval-examples", "0", "--format", "json"],
-                       capture_output=True, text=True, timeout=3600)
+                        "--data", str(data), "--steps", str(steps), "--eval-examples", "0", "--format", "json",
+                        "--trainer", trainer], capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
     return json.loads(r.stdout)
 
 
+def row_cost(store: ProfileStore, ref: ModelRef, config: TrainConfig, runtime: str,
+             constants: RuntimeConstants) -> Cost:
+    widths = None if config.head_width == 1 else config.widths
+    return cost(store.profile(ref, widths), config, runtime, constants=constants)
+
+
 def predicted_peak(store: ProfileStore, ref: ModelRef, config: TrainConfig, runtime: str,
                    constants: RuntimeConstants) -> int:
+    return row_cost(store, ref, config, runtime, constants).peak_memory_bytes
+
+
+def floor(store: ProfileStore, ref: ModelRef, config: TrainConfig) -> dict:
+    """The analytic floor of a training step: what must be in memory whatever the runtime (bytes); and the
+    cost model's live-bytes peak of the step (what workspace_factor scales)."""
+    c = row_cost(store, ref, config, "executorch", DEFAULTS["executorch"])
+    parts = {"weights_trained": c.weights_trained_bytes, "weights_frozen": c.weights_frozen_bytes,
+             "gradients": c.gradient_bytes, "optimizer": c.optimizer_bytes, "activations": c.activation_bytes,
+             "input_batch": config.batch_size * store.full(ref).input_bytes}
     widths = None if config.head_width == 1 else config.widths
-    return cost(store.profile(ref, widths), config, runtime, constants=constants).peak_memory_bytes
+    return {"floor_bytes": sum(parts.values()), "floor_parts": parts,
+            "step_peak_bytes": step_peak_bytes(store.profile(ref, widths), config)}
 
 
-def fit(rows: list[dict], store: ProfileStore, baseline: int) -> RuntimeConstants:
-    """workspace_factor c on a grid; for each, the workspace_fixed_bytes F >= 0 minimising the summed squared
-    relative error of the predicted peak is closed-form (the peak is F plus a part that does not depend
-    on F); keep the best (F, c)."""
+def planned_arena(folder: Path) -> int | None:
+    """Bytes of the memory-planned buffers of the set's programs (prefix and suffix `forward`): what the
+    runtime allocates at load for every intermediate tensor of a step (None: not readable here)."""
+    try:
+        from executorch.exir._serialize._program import deserialize_pte_binary
+        total = 0
+        for pte in folder.rglob("*.pte"):
+            program = deserialize_pte_binary(pte.read_bytes())
+            plans = getattr(program, "program", program).execution_plan
+            total += sum(sum(p.non_const_buffer_sizes) for p in plans if p.name == "forward")
+        return total
+    except Exception:       # a private API of executorch: the row stands without it
+        return None
+
+
+def _predict(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants) -> list[int]:
+    return [predicted_peak(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), runtime, k)
+            for r in rows]
+
+
+def fit(rows: list[dict], store: ProfileStore, baseline: int, runtime: str = "ort",
+        upper: bool = False, max_factor: float = 3.0) -> RuntimeConstants:
+    """workspace_factor c on a grid (0.01 steps up to `max_factor`); for each, the workspace_fixed_bytes F >= 0
+    minimising the summed squared relative error of the predicted peak is closed-form (the peak is F plus a
+    part that does not depend on F). `upper`: F is then raised by the worst under-prediction plus the margin,
+    so every row predicts >= measured + max(MARGIN_FRACTION of it, MARGIN_BYTES). Keep the best (F, c)."""
     best = None
-    for step in range(0, 301):
-        c = step / 100                                                  # 0.00 .. 3.00
-        k = replace(DEFAULTS["ort"], baseline_bytes=baseline, workspace_fixed_bytes=0, workspace_factor=c)
-        rest = [predicted_peak(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), "ort", k)
-                for r in rows]
-        ms = [r["peak_rss_bytes"] for r in rows]
+    ms = [r["peak_rss_bytes"] for r in rows]
+    for step in range(0, int(round(max_factor * 100)) + 1):
+        c = step / 100
+        rest = _predict(rows, store, runtime, replace(DEFAULTS[runtime], baseline_bytes=baseline,
+                                                      workspace_fixed_bytes=0, workspace_factor=c))
         F = max(0.0, sum((m - q) / m**2 for m, q in zip(ms, rest)) / sum(1 / m**2 for m in ms))
+        if upper:
+            F = math.ceil(F + max(0.0, max(m + max(MARGIN_FRACTION * m, MARGIN_BYTES) - q - F
+                                           for m, q in zip(ms, rest))))
         sse = sum(((q + F - m) / m) ** 2 for m, q in zip(ms, rest))
         if best is None or sse < best[0]:
             best = (sse, int(F), c)
     _, F, c = best
-    return replace(DEFAULTS["ort"], baseline_bytes=baseline, workspace_fixed_bytes=F, workspace_factor=c,
-                   source=f"fit on {len(rows)} ORT peaks (bench/artifact_memory.py)")
+    how = (f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(rows)} native peaks"
+           if upper else f"fit on {len(rows)} {runtime.upper()} peaks")
+    return replace(DEFAULTS[runtime], baseline_bytes=baseline, workspace_fixed_bytes=F, workspace_factor=c,
+                   source=f"{how} (bench/artifact_memory.py)")
+
+
+def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data: Path, folder: Path,
+            steps: int, store: ProfileStore) -> dict:
+    """One set exported and trained; ExecuTorch: natively, then by the Python trainer on the same set."""
+    from edgefl.export.backends import get_backend
+    from edgefl.export.pipeline import export_set
+
+    row = {"model": ref.name, "ref": ref.to_json(), "backend": backend, "frozen_prefix": config.frozen_prefix,
+           "head_width": config.head_width, "config": config.to_json(), "batch_size": BATCH}
+    t0 = time.time()
+    a = export_set(ref, config, state, get_backend(backend), folder)
+    row["export_seconds"] = round(time.time() - t0, 2)
+    row["artifact_bytes"] = a.suffix.artifact_bytes + (a.prefix.artifact_bytes if a.prefix else 0)
+    row["upload_bytes"] = a.suffix.upload_bytes
+    report = train_on_device(folder, data, steps)
+    row.update({k: report[k] for k in ("peak_rss_bytes", "loaded_rss_bytes", "step_seconds", "trained_tensor_bytes",
+                                       "first_step_loss", "last_step_loss")})
+    row["predicted_peak_bytes"] = predicted_peak(store, ref, config, backend, DEFAULTS[backend])
+    row["error_before_fit"] = (row["predicted_peak_bytes"] - row["peak_rss_bytes"]) / row["peak_rss_bytes"]
+    if backend != "executorch":
+        return row
+    row["trainer"] = report.get("trainer")
+    python = train_on_device(folder, data, steps, trainer="python")
+    row.update({f"python_{k}": python[k] for k in ("peak_rss_bytes", "loaded_rss_bytes", "step_seconds",
+                                                   "first_step_loss", "last_step_loss")})
+    row["python_error_before_fit"] = (row["predicted_peak_bytes"] - python["peak_rss_bytes"]) / python["peak_rss_bytes"]
+    row["native_over_python"] = row["peak_rss_bytes"] / python["peak_rss_bytes"]
+    row.update(floor(store, ref, config))
+    row["planned_arena_bytes"] = planned_arena(folder)
+    row["native_over_floor_plus_16MiB"] = row["peak_rss_bytes"] / (FLOOR_SLACK * row["floor_bytes"] + FLOOR_FIXED)
+    return row
+
+
+def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, binary: Path, fitting: bool) -> dict:
+    """Goals, the baseline and its alternative, the upper-bound fit, and the fit on one family checked on the
+    other; adds the fitted prediction to every row."""
+    out = {"executorch_goals": {
+        goal: {"limit": limit, "worst": max(r[goal] for r in rows), "holds": all(r[goal] <= limit for r in rows)}
+        for goal, limit in GOALS.items()}}
+    smallest = min(rows, key=lambda r: r["peak_rss_bytes"])
+    alternative = (smallest["loaded_rss_bytes"] - smallest["floor_parts"]["weights_trained"]
+                   - smallest["floor_parts"]["weights_frozen"])
+    how = f"peak RSS of a fresh '{binary.name} --version' under GNU time (median of 3)"
+    if baseline is None:
+        baseline, how = alternative, "no GNU time here: the smallest set's loaded RSS less its weights"
+    out["executorch_baseline"] = {
+        "baseline_bytes": baseline, "how": how, "smallest_set_loaded_minus_weights_bytes": alternative,
+        "smallest_set": f"{smallest['model']} k={smallest['frozen_prefix']} s={smallest['head_width']:g}",
+        "native_trainer_build": next((p for p in binary.parts if p.startswith("linux-")), str(binary))}
+    if not fitting:
+        return out
+    fitted = fit(rows, store, baseline, "executorch", upper=True, max_factor=ET_MAX_FACTOR)
+    for r, q in zip(rows, _predict(rows, store, "executorch", fitted)):
+        r["predicted_peak_bytes_fitted"] = q
+        r["measured_over_predicted"] = r["peak_rss_bytes"] / q
+        r["error_after_fit"] = (q - r["peak_rss_bytes"]) / r["peak_rss_bytes"]
+    ratios = [r["measured_over_predicted"] for r in rows]
+    out["executorch_constants"] = asdict(fitted)
+    out["executorch_fit"] = {"rows": len(rows), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
+                             "measured_over_predicted_max": max(ratios), "measured_over_predicted_min": min(ratios),
+                             "worst_peak_error_before_fit": max(abs(r["error_before_fit"]) for r in rows)}
+    families = sorted({r["model"] for r in rows})
+    if len(families) > 1:   # out of sample: fitted on one family's peaks, checked on the others'
+        cross = {}
+        for name in families:
+            k = fit([r for r in rows if r["model"] == name], store, baseline, "executorch", upper=True,
+                    max_factor=ET_MAX_FACTOR)
+            others = [r for r in rows if r["model"] != name]
+            got = [r["peak_rss_bytes"] / q for r, q in zip(others, _predict(others, store, "executorch", k))]
+            cross[f"fit_on_{name}"] = {"constants": [k.workspace_fixed_bytes, k.workspace_factor],
+                                       "measured_over_predicted_max": max(got), "measured_over_predicted_min": min(got)}
+        out["executorch_leave_one_family_out"] = cross
+    return out
+
+
+def merge(path: Path, result: dict, backends: list[str]) -> dict:
+    """The new result over the file's: rows of backends not measured now are kept, so are headline keys this run
+    does not write; `runs` says which run measured which backends."""
+    this_run = {k: result.pop(k) for k in ("backends_measured", "date", "steps", "models", "machine",
+                                           "runtime_seconds")}
+    if not path.is_file():
+        return {**result, **{k: v for k, v in this_run.items() if k != "backends_measured"}, "runs": [this_run]}
+    old = json.loads(path.read_text())
+    runs = old.get("runs") or [{"backends_measured": old.get("backends", []),
+                                **{k: old[k] for k in ("date", "steps", "machine", "runtime_seconds") if k in old},
+                                "models": sorted({r["model"] for r in old.get("rows", [])})}]
+    runs = [r for r in runs if set(r["backends_measured"]) - set(backends)] + [this_run]
+    kept = [r for r in old.get("rows", []) if r["backend"] not in backends]
+    merged = {**{k: v for k, v in old.items() if k.split("_")[0] not in backends}, **result}
+    if not kept:     # this run measured everything the file held
+        merged.update({k: v for k, v in this_run.items() if k != "backends_measured"})
+    merged["backends"] = list(dict.fromkeys(old.get("backends", []) + backends))
+    merged["backends_not_built"] = sorted(set(old.get("backends_not_built", [])) - set(backends)
+                                          | set(result["backends_not_built"]))
+    for key in ("versions", "constants_before_fit"):
+        merged[key] = {**old.get(key, {}), **result[key]}
+    merged["runs"] = runs
+    merged["rows"] = kept + result["rows"]
+    return merged
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="ort,torch,executorch")
     ap.add_argument("--models", default="resnet20,transformer")
+    ap.add_argument("--configs", help="frozen prefix:head width pairs for every model, e.g. 0:1,19:1 (default: "
+                                      "each backend's grid)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--context", type=int, help="transformer context (default: the zoo's)")
-    ap.add_argument("--no-fit", action="store_true", help="do not fit the ORT constants")
+    ap.add_argument("--no-fit", action="store_true", help="do not fit the runtimes' constants")
     ap.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "artifact_memory.json")
     args = ap.parse_args(argv)
 
     import torch
 
     from edgefl.export.backends import get_backend
-    from edgefl.export.pipeline import export_set
+    from edgefl.zoo import build
 
     torch.set_num_threads(1)
     started = time.time()
     backends = [b for b in args.backends.split(",") if built(b)]
     missing = sorted(set(args.backends.split(",")) - set(backends))
     store = ProfileStore(persist=False)
+    binary = None
+    if "executorch" in backends:
+        from edgefl.device_runtime import native
+        # the trainer `edgefl-device train` runs (built once per source hash), pinned for the whole run: a
+        # source edit meanwhile would otherwise leave the devices without a built trainer
+        binary = Path(os.environ["EDGEFL_ET_TRAIN"]) if os.environ.get("EDGEFL_ET_TRAIN") else native.build()
+        os.environ["EDGEFL_ET_TRAIN"] = str(binary)
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgefl-artifact-memory-") as tmp:
         tmp = Path(tmp)
-        baseline = ort_baseline(tmp) if "ort" in backends else None
+        baseline = {"ort": ort_baseline(tmp) if "ort" in backends else None,
+                    "executorch": native_baseline(binary) if binary else None}
         for name in args.models.split(","):
             ref = ModelRef.of(name, context=args.context) if name == "transformer" else ModelRef.of(name)
             torch.manual_seed(0)
-            from edgefl.zoo import build
             state = build(ref).state_dict()
             data = write_data(ref, tmp)
             L = store.full(ref).num_layers
-            for config in configs(L):
-                for backend in backends:
-                    row = {"model": name, "ref": ref.to_json(), "backend": backend, "frozen_prefix": config.frozen_prefix,
-                           "head_width": config.head_width, "config": config.to_json(), "batch_size": BATCH}
+            for backend in backends:
+                grid = args.configs or (EXECUTORCH_GRID.get(name) if backend == "executorch" else None)
+                for config in configs(L, grid):
                     folder = tmp / f"{name}-{config.hash()}-{backend}"
                     try:
-                        t0 = time.time()
-                        a = export_set(ref, config, state, get_backend(backend), folder)
-                        row["export_seconds"] = round(time.time() - t0, 2)
-                        row["artifact_bytes"] = a.suffix.artifact_bytes + (a.prefix.artifact_bytes if a.prefix else 0)
-                        row["upload_bytes"] = a.suffix.upload_bytes
-                        report = train_on_device(folder, data, args.steps)
+                        row = measure(backend, ref, config, state, data, folder, args.steps, store)
                     except Exception as exc:   # one backend failing on one config is a result, not the end
-                        row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-                        rows.append(row)
+                        row = {"model": name, "ref": ref.to_json(), "backend": backend,
+                               "frozen_prefix": config.frozen_prefix, "head_width": config.head_width,
+                               "config": config.to_json(), "batch_size": BATCH,
+                               "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
                         print(f"{name} k={config.frozen_prefix} s={config.head_width:g} {backend}: {row['error']}",
                               flush=True)
-                        continue
-                    row.update({k: report[k] for k in ("peak_rss_bytes", "loaded_rss_bytes", "step_seconds",
-                                                       "trained_tensor_bytes", "first_step_loss", "last_step_loss")})
-                    row["predicted_peak_bytes"] = predicted_peak(store, ref, config, backend, DEFAULTS[backend])
-                    row["error_before_fit"] = (row["predicted_peak_bytes"] - row["peak_rss_bytes"]) / row["peak_rss_bytes"]
                     rows.append(row)
-                    print(f"{name:<12} k={config.frozen_prefix:<2} s={config.head_width:<4g} {backend:<10} "
-                          f"peak {row['peak_rss_bytes'] / MiB:7.1f} MiB "
-                          f"(predicted {row['predicted_peak_bytes'] / MiB:7.1f}) "
-                          f"step {row['step_seconds'] * 1e3:7.1f} ms  artifacts {row['artifact_bytes'] / MiB:6.2f} MiB  "
-                          f"upload {row['upload_bytes'] / MiB:6.2f} MiB", flush=True)
+                    if "error" not in row:
+                        extra = (f"  python {row['python_peak_rss_bytes'] / MiB:6.1f} MiB  floor "
+                                 f"{row['floor_bytes'] / MiB:6.1f} MiB" if backend == "executorch" else "")
+                        print(f"{name:<12} k={config.frozen_prefix:<2} s={config.head_width:<4g} {backend:<10} "
+                              f"peak {row['peak_rss_bytes'] / MiB:7.1f} MiB "
+                              f"(predicted {row['predicted_peak_bytes'] / MiB:7.1f}) "
+                              f"step {row['step_seconds'] * 1e3:7.1f} ms  artifacts {row['artifact_bytes'] / MiB:6.2f} "
+                              f"MiB  upload {row['upload_bytes'] / MiB:6.2f} MiB{extra}", flush=True)
                     torch.set_num_threads(1)
 
-    result = {"steps": args.steps, "batch_size": BATCH, "backends": backends, "backends_not_built": missing,
-              "date": time.strftime("%Y-%m-%d"),
+    result = {"backends_measured": backends, "date": time.strftime("%Y-%m-%d"), "steps": args.steps,
+              "models": args.models.split(","),
               "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
+              "batch_size": BATCH, "backends": backends, "backends_not_built": missing,
               "versions": {b: get_backend(b).versions() for b in backends}}
     ok = [r for r in rows if "error" not in r]
     full = next((r for r in ok if r["model"] == "resnet20" and r["backend"] == "ort" and r["frozen_prefix"] == 0
@@ -216,7 +405,7 @@ def main(argv=None) -> int:
         result["ort_all_but_head_over_full_resnet20"] = head["peak_rss_bytes"] / full["peak_rss_bytes"]
     ort_rows = [r for r in ok if r["backend"] == "ort"]
     if ort_rows and not args.no_fit:
-        fitted = fit(ort_rows, store, baseline)
+        fitted = fit(ort_rows, store, baseline["ort"])
         for r in ort_rows:
             r["predicted_peak_bytes_fitted"] = predicted_peak(store, ModelRef.from_json(r["ref"]),
                                                               TrainConfig.from_json(r["config"]), "ort", fitted)
@@ -228,24 +417,29 @@ def main(argv=None) -> int:
         if len(models) > 1:
             cross = {}
             for name in models:
-                k = fit([r for r in ort_rows if r["model"] == name], store, baseline)
+                k = fit([r for r in ort_rows if r["model"] == name], store, baseline["ort"])
                 cross[f"fit_on_{name}"] = max(
                     abs(predicted_peak(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), "ort", k)
                         - r["peak_rss_bytes"]) / r["peak_rss_bytes"] for r in ort_rows if r["model"] != name)
             result["ort_worst_peak_error_other_model"] = cross
     if ort_rows:
         result["ort_worst_peak_error_before_fit"] = max(abs(r["error_before_fit"]) for r in ort_rows)
+    et_rows = [r for r in ok if r["backend"] == "executorch"]
+    if et_rows:
+        result.update(executorch_summary(et_rows, store, baseline["executorch"], binary, not args.no_fit))
     result["constants_before_fit"] = {b: asdict(DEFAULTS[b]) for b in backends}
     result["runtime_seconds"] = round(time.time() - started, 1)
     result["rows"] = rows
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    result = merge(args.output, result, backends)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
     for key in ("ort_all_but_head_over_full_resnet20", "ort_constants", "ort_worst_peak_error_before_fit",
-                "ort_worst_peak_error_after_fit", "ort_worst_peak_error_other_model"):
-        if key in result:
+                "ort_worst_peak_error_after_fit", "ort_worst_peak_error_other_model", "executorch_goals",
+                "executorch_baseline", "executorch_constants", "executorch_fit", "executorch_leave_one_family_out"):
+        if key in result and (key.split("_")[0] in backends):
             print(f"{key}: {result[key]}")
     print(f"wrote {args.output.relative_to(ROOT) if args.output.is_relative_to(ROOT) else args.output} "
-          f"in {result['runtime_seconds']:.0f}s")
+          f"in {time.time() - started:.0f}s")
     return 0
 
 

@@ -42,8 +42,10 @@ class Rows:
             os.close(fd)
 
     def reshaped(self, row_shape: tuple[int, ...]) -> "Rows":
-        """The same data with each row seen as `row_shape` (same number of values)."""
-        return Rows(self.path, self.offset, self.stored, (len(self), *row_shape), self.name, self.dtype)
+        """The same values seen as rows of `row_shape` (a flat (N*T,) y as N rows of T targets)."""
+        values = int(np.prod(self.shape, dtype=np.int64))
+        rows = values // max(int(np.prod(row_shape, dtype=np.int64)), 1)
+        return Rows(self.path, self.offset, self.stored, (rows, *row_shape), self.name, self.dtype)
 
     def astype(self, dtype) -> "Rows":
         """The same rows, returned as `dtype`."""
