@@ -87,6 +87,67 @@ def _transpose_the_smaller_operand(program: torch.export.ExportedProgram) -> Non
     program.graph_module.recompile()
 
 
+# ops that only move or build data (views, slices, concatenation, constant fills): recomputing them costs a
+# copy, never arithmetic
+_CHEAP = {"view", "_unsafe_view", "reshape", "permute", "slice", "cat", "full", "new_full", "unsqueeze",
+          "squeeze", "expand", "alias", "clone", "transpose", "t"}
+
+
+def _is_cheap(node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in _CHEAP
+
+
+def _rematerialize_patches(program: torch.export.ExportedProgram) -> None:
+    """Recompute in the backward pass what the forward built only by moving data, instead of keeping it.
+
+    A rewritten convolution's patch matrix (edgefl.export.et_rewrites.MatmulConv2d: shifted slices of its
+    input, concatenated) is k*k times its input, and the weight gradient needs it again in the backward
+    pass: kept, every convolution's patches stay in the program's memory plan from its forward step to its
+    backward step, which made the plan several times what torch keeps (it keeps the input alone). Here each
+    forward value built by slicing and concatenation that the backward reads is built again right before
+    its first backward reader, from the tensors it was built from (the convolution's input, which the
+    backward keeps anyway), so the forward copy dies with its forward use."""
+    from torch.export.graph_signature import OutputKind
+
+    graph = program.graph_module.graph
+    output = graph.output_node()
+    gradients = (OutputKind.GRADIENT_TO_PARAMETER, OutputKind.GRADIENT_TO_USER_INPUT)
+    stack = [o for o, spec in zip(output.args[0], program.graph_signature.output_specs, strict=True)
+             if spec.kind not in gradients and isinstance(o, torch.fx.Node)]
+    forward = set()                                  # what the forward outputs (loss, logits, statistics) need
+    while stack:
+        node = stack.pop()
+        if node not in forward:
+            forward.add(node)
+            stack.extend(node.all_input_nodes)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        if node not in forward or not _is_cheap(node):
+            continue
+        backward_users = [u for u in node.users if u not in forward and u.op != "output"]
+        if not backward_users:
+            continue
+        chain, stack = [], [node]
+        while stack:                                 # the cheap nodes node is built from
+            n = stack.pop()
+            if n in chain:
+                continue
+            chain.append(n)
+            stack.extend(i for i in n.all_input_nodes if _is_cheap(i))
+        if not any(getattr(n.target, "__name__", "").startswith("cat") for n in chain):
+            continue                                 # views of kept tensors cost nothing to keep
+        chain.sort(key=order.__getitem__)
+        first = min(backward_users, key=order.__getitem__)
+        env: dict = {}
+        with graph.inserting_before(first):
+            for n in chain:
+                env[n] = graph.node_copy(n, lambda x: env.get(x, x))
+        for user in backward_users:
+            user.replace_input_with(node, env[node])
+    graph.lint()
+    program.graph_module.recompile()
+
+
 @dataclass
 class SuffixProgram:
     program: bytes                 # the .pte
@@ -108,6 +169,7 @@ def training_program(suffix: nn.Module, example: Sequence[torch.Tensor]) -> Suff
     joint = _export_forward_backward(torch.export.export(_TrainingStep(model, statistics, len(example)), inputs,
                                                          strict=False))
     _transpose_the_smaller_operand(joint)
+    _rematerialize_patches(joint)
     with torch.no_grad():
         _, logits = model(*example)
     edge = to_edge(joint, compile_config=EdgeCompileConfig(_check_ir_validity=False))
