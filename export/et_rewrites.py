@@ -133,19 +133,25 @@ class StatBatchNorm2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean, var = self.running_mean, self.running_var
-        if self.training:
+        if not self.training:
+            centred = x - mean.reshape(1, -1, 1, 1)
+        else:
             batch_mean = x.mean(dim=(0, 2, 3))
-            centred = x - batch_mean.reshape(1, -1, 1, 1)
+            t = self.batch_statistics
+            mean = t * batch_mean + (1 - t) * mean
+            # one centred tensor serves the batch variance and the output, so the backward keeps one copy
+            # of the input's size per BN (as torch does), not two: with t = 1 it is x - batch_mean exactly;
+            # with t = 0 (evaluation) the batch variance it gives is wrong but weighs 0
+            centred = x - mean.reshape(1, -1, 1, 1)
             batch_var = (centred * centred).mean(dim=(0, 2, 3))
             n, m = x.numel() // x.shape[1], self.momentum
             # torch updates the running variance with the unbiased batch variance
-            self.updates = ((1 - m) * mean + m * batch_mean.detach(),
+            self.updates = ((1 - m) * self.running_mean + m * batch_mean.detach(),
                             (1 - m) * var + m * batch_var.detach() * (n / max(n - 1, 1)))
-            t = self.batch_statistics
-            mean, var = t * batch_mean + (1 - t) * mean, t * batch_var + (1 - t) * var
+            var = t * batch_var + (1 - t) * var
         scale = torch.rsqrt(var + self.eps) * self.weight
         bias = self.bias.unsqueeze(-1).unsqueeze(-1)     # a copy, not a view of the weight (module docstring)
-        return (x - mean.reshape(1, -1, 1, 1)) * scale.reshape(1, -1, 1, 1) + bias
+        return centred * scale.reshape(1, -1, 1, 1) + bias
 
 
 class SliceMaxPool2d(nn.Module):

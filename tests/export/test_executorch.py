@@ -145,17 +145,19 @@ def test_training_takes_the_planned_batch(exported):
     assert trainer.steps == 0
 
 
-def test_a_fresh_device_process_trains_through_the_registry(exported, tmp_path):
+@pytest.mark.parametrize("trainer", ["native", "python"])
+def test_a_fresh_device_process_trains_through_the_registry(trainer, exported, native_trainer, tmp_path):
     folder = exported("executorch", RESNET, CONFIG).folder
     rng = np.random.default_rng(0)
     np.save(tmp_path / "x.npy", rng.standard_normal((20, 3, 8, 8)).astype(np.float32))
     np.save(tmp_path / "y.npy", rng.integers(0, 10, 20))
     r = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", "train", "--artifacts", str(folder),
-                        "--data", str(tmp_path), "--steps", "6", "--lr", "0.05", "--format", "json"],
-                       capture_output=True, text=True, timeout=300, env=os.environ)
+                        "--data", str(tmp_path), "--steps", "6", "--lr", "0.05", "--format", "json",
+                        "--trainer", trainer], capture_output=True, text=True, timeout=300, env=os.environ)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["runtime"] == "executorch" and report["steps"] == 6
+    assert report["trainer"] == trainer and report["torch_loaded"] is (trainer == "python")
     assert report["loss_after"] < report["loss_before"]
     assert report["peak_rss_bytes"] >= report["loaded_rss_bytes"] > 0
 
