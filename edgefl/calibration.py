@@ -61,15 +61,15 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # 0 / 1 x width 1 / 0.25, all-but-head) sets, 20 steps at batch 32 (2026-11-24, x86_64, one thread,
     # glibc's mmap threshold fixed at 128 KiB; peaks repeat within 0.1 MiB), the least-squares fixed term
     # raised by the worst under-prediction plus max(2%, 1 MiB): every measured peak is 30-98% of its
-    # prediction (>= 70% on 7 of 9; the all-but-head sets ~30-37%: the factor also scales the frozen
-    # prefix's working set, which XNNPACK runs in little memory). Most of a peak is the suffix program's
-    # memory-planned arena (125 MiB for full ResNet-20, 2.5x the step's live bytes: the convolutions'
-    # im2col copies in flight), hence the factor. Fitted on one family alone, the other's peaks reach 80%
-    # (CNN -> ResNet-20) and 118% (ResNet-20 -> CNN) of their predictions: both families are needed.
-    # prefix_batch 0: the native trainer runs the prefix over the whole batch. The Python ExecuTorch
-    # trainer (--trainer python, imports torch) peaks at 375-494 MiB on the same sets: these constants do
-    # not cover it.
-    "executorch": RuntimeConstants(5_165_056, 39_223_398, 3.09,
+    # prediction (the CNN sets 88-98%, ResNet-20 60-78%, the all-but-head sets 30-37%: the factor also
+    # scales the frozen prefix's working set, which XNNPACK runs in little memory). Most of a peak is the
+    # suffix program's memory-planned arena, whose high-water mark is a convolution's im2col copies in
+    # flight (slices and their concatenation: the CNN's 5x5 convolution on 28x28 sets the factor). Fitted on
+    # one family alone, the other's peaks reach 78% (CNN -> ResNet-20) and 122% (ResNet-20 -> CNN) of their
+    # predictions: both families are needed. prefix_batch 0: the native trainer runs the prefix over the
+    # whole batch. The Python ExecuTorch trainer (--trainer python, imports torch) peaks at 375-473 MiB on
+    # the same sets: these constants do not cover it.
+    "executorch": RuntimeConstants(5_193_728, 39_209_014, 3.08,
                                    "measured native trainer RSS; workspace an upper bound on measured native "
                                    "peaks (bench/artifact_memory.py)"),
 }
