@@ -41,7 +41,7 @@ from typing import Optional, Sequence
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants
 from edgefl.profile import AuxProfile, LayerProfile, ModelProfile
-from edgefl.trainconfig import TrainConfig, optimizer_state_slots
+from edgefl.trainconfig import OPTIMIZER_STATE_SLOTS, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
         weights_frozen_bytes=frozen_bytes,
         weights_trained_bytes=M * (trained_param_bytes + trained_buffer_bytes),
         gradient_bytes=M * trained_param_bytes,
-        optimizer_bytes=optimizer_state_slots(config.optimizer, runtime) * M * trained_param_bytes,
+        optimizer_bytes=OPTIMIZER_STATE_SLOTS[config.optimizer] * M * trained_param_bytes,
         activation_bytes=acts,
         workspace_bytes=workspace,
         flops_per_sample=sum(fwd[:a]) + M * train_flops,

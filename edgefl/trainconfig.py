@@ -27,14 +27,6 @@ RankMode = Literal["lora", "factor"]
 
 # optimizer state kept per trained parameter: SGD momentum buffer, AdamW first and second moments
 OPTIMIZER_STATE_SLOTS = {"sgd": 1, "adamw": 2}
-# ONNX Runtime steps torch's SGD with its AdamW kernel (edgefl.export.onnx_graph.torch_sgd), so that a stock
-# ORT training client needs no optimizer code of its own: the kernel's second moment is held, always zero
-RUNTIME_OPTIMIZER_STATE_SLOTS = {("ort", "sgd"): 2}
-
-
-def optimizer_state_slots(optimizer: str, runtime: str) -> int:
-    """Buffers of a trained parameter's size the optimizer holds on `runtime`."""
-    return RUNTIME_OPTIMIZER_STATE_SLOTS.get((runtime, optimizer), OPTIMIZER_STATE_SLOTS[optimizer])
 
 
 def aux_key(boundary: int, kind: str) -> str:

@@ -10,10 +10,6 @@
   refuses to load: `eval_without_statistics` drops them.
 * ORT's AdamW defaults to the HuggingFace variant (adam_mode 1): `torch_adamw` switches the optimizer
   graph to torch.optim.AdamW's rule (adam_mode 0) with the given hyperparameters.
-* ORT's SGD graph (SGDOptimizerV2) is plain w -= lr * g. torch.optim.SGD adds the weight decay to the
-  gradient and keeps a momentum buffer: `l2_gradients` makes the training model accumulate g + wd * w,
-  `torch_sgd` turns the AdamW optimizer graph into the momentum step, so that ORT's own
-  `Optimizer.step()` applies torch's rule.
 """
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from typing import Mapping
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 UPDATED = ".updated"
 
@@ -70,69 +66,15 @@ def eval_without_statistics(path: Path, statistic_outputs: set[str]) -> None:
     onnx.save(model, path)
 
 
-def _adamw_node(model: onnx.ModelProto, path: Path) -> onnx.NodeProto:
+def torch_adamw(path: Path, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    model = onnx.load(path)
     nodes = [n for n in model.graph.node if n.op_type == "AdamWOptimizer"]
     if len(nodes) != 1:
         raise RuntimeError(f"{path.name}: expected one AdamWOptimizer node, found {len(nodes)}")
-    return nodes[0]
-
-
-def _set_attributes(node: onnx.NodeProto, values: Mapping[str, float]) -> None:
-    del node.attribute[:]
-    node.attribute.extend(helper.make_attribute(k, v) for k, v in values.items())
-
-
-def torch_adamw(path: Path, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
-    model = onnx.load(path)
-    _set_attributes(_adamw_node(model, path), {"alpha": betas[0], "beta": betas[1], "epsilon": eps,
-                                               "weight_decay": weight_decay, "correct_bias": 1, "adam_mode": 0})
-    onnx.save(model, path)
-
-
-def l2_gradients(path: Path, params: list[str], weight_decay: float) -> None:
-    """Make the training model at `path` accumulate g + weight_decay * w for each of `params` (the gradient
-    of loss + weight_decay / 2 * |w|^2): torch.optim.SGD's weight decay, which enters the momentum."""
-    if not weight_decay:
-        return
-    model = onnx.load(path)
-    decay = "weight_decay.coefficient"
-    model.graph.initializer.append(numpy_helper.from_array(np.array(weight_decay, np.float32), decay))
-    buffers = {f"{p}_grad.accumulation.buffer": p for p in params}
-    nodes, done = [], set()
-    for node in model.graph.node:
-        param = buffers.get(node.input[0]) if node.op_type == "InPlaceAccumulatorV2" else None
-        if param is not None:
-            nodes += [helper.make_node("Mul", [param, decay], [f"{param}_grad.decay"]),
-                      helper.make_node("Add", [node.input[1], f"{param}_grad.decay"], [f"{param}_grad.l2"])]
-            node.input[1] = f"{param}_grad.l2"
-            done.add(param)
-        nodes.append(node)
-    if missing := sorted(set(params) - done):
-        raise RuntimeError(f"{path.name}: no gradient accumulator for {missing[:4]}")
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    onnx.save(model, path)
-
-
-def torch_sgd(path: Path, momentum: float) -> None:
-    """Turn the AdamW optimizer graph at `path` into torch.optim.SGD's momentum step (dampening 0, no
-    Nesterov) on the gradients g' the training model accumulates (weight decay included, `l2_gradients`):
-    b = g' on the first step, else momentum * b + g'; w -= lr * b.
-
-    ORT's Optimizer accepts one optimizer node, AdamWOptimizer or SGDOptimizerV2, and only those kernels
-    write the checkpoint's parameters and optimizer state in place; SGDOptimizerV2 keeps no state (it is
-    handed a momentum sequence it never writes). So the momentum lives in AdamW's first moment m, with the
-    kernel reduced to a momentum step. Its mode 1 (mode 0 demands bias correction) without bias correction
-    computes m = a*m + (1-a)*g', v = b*v + (1-b)*g'^2, w -= lr * m / (sqrt(v) + eps), w -= lr * wd * w.
-    With a = momentum, b = 1 (v stays at its initial zeros), eps = 1 - a (as the kernel rounds it) and
-    wd = 0: m = (1 - a) * torch's buffer, and w -= lr * m / (1 - a) is torch's step. The price: ORT also
-    holds v, one zero buffer per trained parameter."""
-    if not 0 <= momentum < 1:
-        raise ValueError(f"SGD momentum {momentum}: ORT's optimizer graph takes 0 <= momentum < 1")
-    model = onnx.load(path)
-    scale = float(np.float32(1) - np.float32(momentum))      # 1 - a in float32, as the kernel computes it
-    _set_attributes(_adamw_node(model, path), {"alpha": float(momentum), "beta": 1.0, "epsilon": scale,
-                                               "weight_decay": 0.0, "correct_bias": 0, "adam_mode": 1})
+    values = {"alpha": betas[0], "beta": betas[1], "epsilon": eps, "weight_decay": weight_decay,
+              "correct_bias": 1, "adam_mode": 0}
+    del nodes[0].attribute[:]
+    nodes[0].attribute.extend(onnx.helper.make_attribute(k, v) for k, v in values.items())
     onnx.save(model, path)
 
 

@@ -2,16 +2,14 @@
 
 Files. Prefix: `prefix.onnx` (eval mode, constants folded). Suffix: `training_model.onnx`,
 `eval_model.onnx`, `checkpoint` (parameters and BN statistics, BN batch counters as int properties
-under their runtime names) and `optimizer_model.onnx`. Graphs come from the TorchScript exporter
-(opset 17; the dynamo exporter emits ops ORT cannot differentiate and exports BN in eval mode) with the
-edits of edgefl.export.onnx_graph. docs/artifact-format.md states what a client does with them.
+under their runtime names) and, for AdamW, `optimizer_model.onnx` (ORT's AdamW in torch's mode).
+Graphs come from the TorchScript exporter (opset 17; the dynamo exporter emits ops ORT cannot
+differentiate and exports BN in eval mode) with the edits of edgefl.export.onnx_graph.
 
-Optimizers, torch.optim semantics, both in `optimizer_model.onnx` so that ORT's own
-`Optimizer.step()` applies them: AdamW is ORT's AdamW graph in torch's mode (adam_mode 0, torch's betas,
-eps and weight decay); SGD (momentum, weight decay; ORT's own SGD graph has neither) is the training
-model accumulating g + weight_decay * w (onnx_graph.l2_gradients) and the same kernel rewritten into
-torch.optim.SGD's momentum step (onnx_graph.torch_sgd). ORT holds two state buffers per trained
-parameter either way (for SGD the second stays zero).
+Optimizers, torch.optim semantics: AdamW runs ORT's optimizer graph (adam_mode 0, torch's betas, eps and
+weight decay). ORT's SGD graph has neither momentum nor weight decay, so SGD is applied by the trainer
+on the gradients ORT leaves in the checkpoint state (torch.optim.SGD's rule, one momentum buffer per
+parameter: the optimizer state the cost model counts).
 
 `extra` (read by edgefl.device_runtime.trainers.ort_trainer): `batch_norm`, per training-mode BN: its
 running mean / variance (checkpoint names), the outputs holding their updated values, ONNX momentum, and
@@ -146,18 +144,15 @@ class OrtBackend(Backend):
         with tempfile.TemporaryDirectory(dir=out) as tmp, _quiet():   # generate_artifacts writes fixed names
             artifacts.generate_artifacts(
                 model, requires_grad=params, frozen_params=stats, loss=None,
-                optimizer=artifacts.OptimType.AdamW,   # both optimizers run on ORT's AdamW kernel
+                optimizer=artifacts.OptimType.AdamW if spec.name == "adamw" else None,
                 artifact_directory=tmp, additional_output_names=updated or None)
             for f in Path(tmp).iterdir():
                 shutil.move(str(f), out / f.name)
         onnx_graph.eval_without_statistics(out / "eval_model.onnx", set(updated))
+        files = {"training_model.onnx": "training_model", "eval_model.onnx": "eval_model", "checkpoint": "checkpoint"}
         if spec.name == "adamw":
             onnx_graph.torch_adamw(out / "optimizer_model.onnx", spec.betas, spec.eps, spec.weight_decay)
-        else:
-            onnx_graph.l2_gradients(out / "training_model.onnx", params, spec.weight_decay)
-            onnx_graph.torch_sgd(out / "optimizer_model.onnx", spec.momentum)
-        files = {"training_model.onnx": "training_model", "eval_model.onnx": "eval_model", "checkpoint": "checkpoint",
-                 "optimizer_model.onnx": "optimizer_model"}
+            files["optimizer_model.onnx"] = "optimizer_model"
         _write_checkpoint(out / "checkpoint", {k: state[k].numpy() for k in params},
                           {k: state[k].numpy() for k in stats}, {k: state[k].numpy() for k in counters})
         inputs = _io(features, example[:-1], {0: "batch"}) + _io(["labels"], example[-1:], {0: "rows"})

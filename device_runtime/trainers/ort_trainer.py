@@ -7,12 +7,9 @@ into the checkpoint state), then
   ('<stat>.updated', edgefl.export.ort_backend). ORT updates the running variance with the biased batch
   variance where torch uses the unbiased one: with m the ONNX momentum, n = batch * per_sample values per
   channel, the variance torch keeps is m*v + (v_ort - m*v) * n / (n - 1), v the value before the step;
-* the optimizer: ORT's `Optimizer` running the set's `optimizer_model.onnx` at the step's learning rate
-  (torch.optim.SGD or AdamW, edgefl.export.onnx_graph);
+* the optimizer: AdamW is ORT's optimizer graph; SGD is torch.optim.SGD's rule applied here to the
+  gradients (g += wd * w; b = g on the first step, else momentum * b + g; w -= lr * b);
 * BN batch counters (checkpoint properties) + 1.
-
-Nothing here is edgefl's own arithmetic beyond the variance correction: docs/artifact-format.md states
-the same steps for a client written against ONNX Runtime alone.
 
 Memory: the prefix runs in chunks of the manifest's `prefix_batch` samples (it is inference: rows are
 independent, so only one chunk's activations are ever alive; the cost model prices it so), and the eval
@@ -58,12 +55,16 @@ class OrtTrainer(ArtifactTrainer):
             self.state = api.CheckpointState.load_checkpoint(str(folder / m.file("checkpoint")))
             self.module = api.Module(str(folder / m.file("training_model")), self.state,
                                      session_options=_session_options(threads))
-            self.optimizer = api.Optimizer(str(folder / m.file("optimizer_model")), self.module)
         except RuntimeError as exc:  # onnxruntime's own errors: a file the runtime cannot load
             raise ArtifactError(f"{folder}: ONNX Runtime cannot load the suffix ({str(exc).splitlines()[0]}); "
                                 "re-export it for onnxruntime-training 1.19") from None
+        self.optimizer: Optional[object] = None
+        if m.optimizer.name == "adamw":
+            self.optimizer = api.Optimizer(str(folder / m.file("optimizer_model")), self.module)
+        self.params = [e.local for e in m.trainable if e.kind == "parameter"]
         self.counters = {e.local: int(self.state.properties[e.local]) for e in m.trainable if e.kind == "counter"}
         self.batch_norm = list(m.extra.get("batch_norm", []))
+        self.momentum: dict[str, np.ndarray] = {}
         self._outputs: Optional[list[str]] = None
         self._eval = None
         self._eval_state: tuple[int, dict] = (-1, {})
@@ -83,8 +84,11 @@ class OrtTrainer(ArtifactTrainer):
         if self._outputs is None:
             self._outputs = list(self.module.output_names())
         self._update_statistics(outs, before, len(x))
-        self.optimizer.set_learning_rate(lr)
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.set_learning_rate(lr)
+            self.optimizer.step()
+        else:
+            self._sgd(lr)
         self.module.lazy_reset_grad()
         for name in self.counters:
             self.counters[name] += 1
@@ -99,6 +103,18 @@ class OrtTrainer(ArtifactTrainer):
             old, new = before[bn["var"]], outs[index[bn["var_out"]]]
             unbiased = m * old + (new - m * old) * (n / (n - 1) if n > 1 else 1.0)
             self.state.parameters[bn["var"]] = unbiased.astype(np.float32)
+
+    def _sgd(self, lr: float) -> None:
+        spec = self.manifest.optimizer
+        for name in self.params:
+            p = self.state.parameters[name]
+            w, g = p.data, p.grad
+            if spec.weight_decay:
+                g = g + spec.weight_decay * w
+            if spec.momentum:
+                buf = self.momentum.get(name)
+                g = self.momentum[name] = g.copy() if buf is None else buf * spec.momentum + g
+            self.state.parameters[name] = (w - lr * g).astype(np.float32)
 
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
         import onnxruntime

@@ -53,7 +53,13 @@ class StockOrtClient:
         self.state = CheckpointState.load_checkpoint(str(folder / _file(m, "checkpoint")))
         self.module = Module(str(folder / _file(m, "training_model")), self.state,
                              str(folder / _file(m, "eval_model")))
-        self.optimizer = Optimizer(str(folder / _file(m, "optimizer_model")), self.module)
+        # AdamW sets carry ORT's optimizer graph; SGD sets leave torch's SGD rule to the client (the document's
+        # section 6.1), applied to the gradients ORT leaves in the checkpoint state
+        roles = {f["role"] for f in m["files"]}
+        self.optimizer = (Optimizer(str(folder / _file(m, "optimizer_model")), self.module)
+                          if "optimizer_model" in roles else None)
+        self.params = [t["local"] for t in m["trainable"] if t["kind"] == "parameter"]
+        self.buffers: dict[str, np.ndarray] = {}
         self.outputs = list(self.module.output_names())      # loss, logits, '<statistic>.updated'...
         self.counters = {t["local"]: int(self.state.properties[t["local"]])
                          for t in m["trainable"] if t["kind"] == "counter"}
@@ -80,12 +86,26 @@ class StockOrtClient:
             old = before[bn["var"]]
             self.state.parameters[bn["mean"]] = outs[bn["mean_out"]]
             self.state.parameters[bn["var"]] = momentum * old + (outs[bn["var_out"]] - momentum * old) * factor
-        self.optimizer.set_learning_rate(lr)
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.set_learning_rate(lr)
+            self.optimizer.step()
+        else:
+            self.sgd(lr)
         self.module.lazy_reset_grad()
         for name in self.counters:
             self.counters[name] += 1
         return float(outs["loss"])
+
+    def sgd(self, lr: float) -> None:
+        """torch.optim.SGD: d = g + wd * w; b = d on the first step, else momentum * b + d; w -= lr * b."""
+        spec = self.manifest["optimizer"]
+        for name in self.params:
+            p = self.state.parameters[name]
+            w, d = p.data, p.grad + np.float32(spec["weight_decay"]) * p.data
+            if spec["momentum"]:
+                b = self.buffers.get(name)
+                d = self.buffers[name] = d.copy() if b is None else np.float32(spec["momentum"]) * b + d
+            self.state.parameters[name] = (w - np.float32(lr) * d).astype(np.float32)
 
     def evaluate(self, x: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
         self.module.eval()

@@ -4,9 +4,10 @@ where edgefl's own OrtTrainer ends: the same losses and the same upload buffer (
 the same eval loss. Cases: BN in trained layers (ResNet-20), a conv before a max pool (CNN), a language
 model with flat N*T targets and ignored (-100) targets, and AdamW next to SGD.
 
-The artifacts carry torch.optim.SGD's momentum and weight decay themselves (edgefl.export.onnx_graph):
-the client's 10 SGD steps match torch.optim.SGD on the eager suffix (rel. error <= 1e-4 per tensor,
-measured <= 1e-5), where the parity suite checks one step, before any momentum has built up."""
+AdamW sets carry ORT's optimizer graph; for SGD the client applies torch.optim.SGD's rule as the document
+states it (section 6.1) to the gradients ORT leaves: its 10 SGD steps match torch.optim.SGD on the eager
+suffix (rel. error <= 1e-4 per tensor), where the parity suite checks one step, before any momentum has
+built up."""
 import ast
 from pathlib import Path
 

@@ -92,16 +92,3 @@ def test_trainconfig_rejects_nonsense():
     assert TrainConfig.from_json(c.to_json()) == c
     assert c.hash() == TrainConfig.from_json(c.to_json()).hash()
 
-
-def test_ort_holds_two_optimizer_buffers_for_sgd(store):
-    """ORT steps torch's SGD with its AdamW kernel (its second moment stays allocated): the cost model counts
-    what the runtime holds."""
-    from edgefl.cost import cost
-    from edgefl.trainconfig import TrainConfig
-    from edgefl.zoo import ModelRef
-
-    profile = store.full(ModelRef.of("cnn"))
-    config = TrainConfig(num_layers=profile.num_layers, frozen_prefix=1, batch_size=32)
-    by_runtime = {rt: cost(profile, config, rt) for rt in ("ort", "torch", "executorch")}
-    assert by_runtime["ort"].optimizer_bytes == 2 * by_runtime["torch"].optimizer_bytes
-    assert by_runtime["torch"].optimizer_bytes == by_runtime["executorch"].optimizer_bytes == by_runtime["torch"].gradient_bytes
