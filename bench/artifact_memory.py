@@ -1,15 +1,19 @@
 """What an exported artifact set costs a device: peak RSS, step time, bytes, vs the cost model.
 
-    .venv/bin/python bench/artifact_memory.py [--backends ort,torch,executorch] [--models resnet20,transformer,cnn]
-                                              [--configs K:S,...] [--steps 20] [--context 256] [--no-fit]
+    .venv/bin/python bench/artifact_memory.py [--backends ort,torch,executorch] [--models resnet20,cnn,transformer]
+                                              [--configs K:S,...] [--steps 20] [--context 256]
+                                              [--eval-examples N] [--no-fit]
 
 For each model (zoo defaults; ResNet-20 3x32x32, the CNN 1x28x28, the transformer LM) and each backend whose
 export module and trainer exist, over a grid of frozen prefix K x head width S (SLT-style: head_start = K + 1;
 all-but-head has no hidden layer left to narrow): export the set, then train it `--steps` steps at batch 32
-in a fresh device process exactly as an operator would (`edgefl-device train --eval-examples 0 --format
-json`: glibc's mmap threshold fixed at 128 KiB, one thread, torch blocked for ORT) on 32 random examples,
-and record its peak RSS (VmHWM), step time, the artifact bytes (suffix + prefix), the upload bytes and the
-cost model's predicted peak. ORT and torch: K in {0, middle, all-but-head} x S in {0.25, 1}.
+in a fresh device process exactly as a device runs it (`edgefl-device train --format json`: glibc's mmap
+threshold fixed at 128 KiB, one thread, torch blocked for ORT, data read a batch at a time, and its default
+evaluation before and after training on the first 256 examples: the evaluation and the first step are part
+of the peak a device sees; `--eval-examples 0` measures training alone) on 256 random examples, and record
+its peak RSS (VmHWM), step time, the artifact bytes (suffix + prefix), the upload bytes and the cost model's
+predicted peak. ORT and torch: K in {0, middle, all-but-head} x S in {0.25, 1}; the CNN (4 layers): K in
+{0, 1, 3} (GRID).
 
 ExecuTorch: the row is the native trainer (`edgefl-et-train`, the default path of `edgefl-device train`)
 and, on the same set in the same run, the Python ExecuTorch trainer (`--trainer python`, which imports
@@ -20,21 +24,23 @@ and the cost model's live-bytes peak of the step. Each ResNet-20 suffix export t
 ExecuTorch's toolchain, so its grid is tight (EXECUTORCH_GRID; `--configs` overrides every model's grid):
 `--backends executorch --models resnet20,cnn` takes about 5 minutes on 2 cores.
 
-Constants (edgefl/calibration.py) fitted here:
-* ort: `baseline_bytes` measured (a fresh process importing onnxruntime through the torch-free shim and
-  opening one session); `workspace_fixed_bytes` / `workspace_factor` fitted by least squares on the
-  relative error of the predicted peak over every ORT row (the closed form of bench/memory_model.py's fit).
-* executorch (the native trainer): `baseline_bytes` measured (the peak RSS of a fresh `edgefl-et-train
+Constants (edgefl/calibration.py) fitted here, both runtimes the same way (upper_bound_summary):
+* `baseline_bytes` measured. ort: RSS of a fresh process importing onnxruntime through the torch-free shim
+  and opening one session. executorch (the native trainer): the peak RSS of a fresh `edgefl-et-train
   --version` under GNU time: its libraries loaded and kernels registered, no program: what every native
-  process holds before any model); workspace fitted as an upper bound ("a plan is a promise"): for each
-  workspace_factor on a grid, the least-squares fixed term raised by the worst under-prediction plus a
-  margin (every row then predicts >= measured + max(2% of it, 1 MiB)); the factor whose bound has the
-  least squared relative error is kept. Also fitted on one model family alone and checked on the other.
-Rows keep the prediction under the constants in force when the bench ran and under the fitted ones.
+  process holds before any model.
+* workspace fitted as an upper bound ("a plan is a promise"): for each workspace_factor on a grid (up to
+  MAX_FACTOR), the least-squares fixed term (relative error of the peak) raised by the worst
+  under-prediction plus a margin (every row then predicts >= measured + max(2% of it, 1 MiB)); the factor
+  whose bound has the least squared relative error is kept. Then leave-one-family-out: fitted on the other
+  model families' rows, checked on the held-out family's (measured / predicted).
+Rows keep the prediction under the constants in force when the bench ran and under the fitted ones, and
+measured / predicted under the fitted ones.
 
 Writes bench/results/artifact_memory.json, merged: rows and headline keys of backends this run did not
 measure are kept, and `runs` says which run measured which backends. Headlines:
-`ort_all_but_head_over_full_resnet20`, the fitted constants with their worst error, `executorch_goals`.
+`ort_all_but_head_over_full_resnet20`, per runtime the fitted constants (`<runtime>_constants`), the fit's
+measured/predicted range (`<runtime>_fit`) and `<runtime>_leave_one_family_out`; `executorch_goals`.
 """
 from __future__ import annotations
 
@@ -63,11 +69,17 @@ from edgefl.zoo import ModelRef  # noqa: E402
 MiB = 2**20
 BATCH = 32
 WIDTHS = (0.25, 1.0)
-# ExecuTorch rows, frozen prefix:head width: the full model, width 0.25 trained from the input and after the
-# middle (ResNet-20) or the first conv (CNN), and all-but-head
-EXECUTORCH_GRID = {"resnet20": "0:1,0:0.25,10:0.25,19:1", "cnn": "0:1,0:0.25,1:1,1:0.25,3:1"}
-MARGIN_FRACTION, MARGIN_BYTES = 0.02, MiB     # the executorch bound's slack over every measured peak
-ET_MAX_FACTOR = 8.0     # ExecuTorch's planned arenas hold im2col buffers: several times the live-bytes peak
+EVAL_EXAMPLES = 256      # examples in the data file: `edgefl-device train`'s default evaluation runs on all of them
+# frozen prefix:head width grids where a model's default (K in {0, L//2, L-1}) is not the one measured: the CNN
+# (4 layers) trained from the input, after its first conv and all-but-head
+GRID = {"cnn": "0:1,0:0.25,1:1,1:0.25,3:1"}
+# ExecuTorch rows: the full model, width 0.25 trained from the input and after the middle (ResNet-20) or the
+# first conv (CNN), and all-but-head
+EXECUTORCH_GRID = {"resnet20": "0:1,0:0.25,10:0.25,19:1", "cnn": GRID["cnn"]}
+MARGIN_FRACTION, MARGIN_BYTES = 0.02, MiB     # an upper bound's slack over every measured peak
+# workspace_factor grid's end per runtime: ExecuTorch's planned arenas hold im2col buffers, several times the
+# live-bytes peak
+MAX_FACTOR = {"ort": 4.0, "executorch": 8.0}
 FLOOR_SLACK, FLOOR_FIXED = 1.3, 16 * MiB       # native_over_floor_plus_16MiB = peak / (1.3 floor + 16 MiB)
 GOALS = {"native_over_floor_plus_16MiB": 1.0, "native_over_python": 0.25}
 
@@ -98,12 +110,13 @@ def write_data(ref: ModelRef, folder: Path, seed: int = 0) -> Path:
     from edgefl.zoo import build
     model = build(ref)
     rng = np.random.default_rng(seed)
+    n = EVAL_EXAMPLES
     if ref.name == "transformer":
-        x = rng.integers(0, model.num_classes, (BATCH, *model.input_shape))
-        y = rng.integers(0, model.num_classes, (BATCH, model.input_shape[0]))    # (N, T): an LM's targets
+        x = rng.integers(0, model.num_classes, (n, *model.input_shape))
+        y = rng.integers(0, model.num_classes, (n, model.input_shape[0]))    # (N, T): an LM's targets
     else:
-        x = rng.standard_normal((BATCH, *model.input_shape)).astype(np.float32)
-        y = rng.integers(0, model.num_classes, BATCH)
+        x = rng.standard_normal((n, *model.input_shape)).astype(np.float32)
+        y = rng.integers(0, model.num_classes, n)
     path = folder / f"{ref.name}.npz"
     np.savez(path, x=x, y=y)
     return path
@@ -149,9 +162,12 @@ def native_baseline(binary: Path) -> int | None:
     return int(statistics.median(runs))
 
 
-def train_on_device(folder: Path, data: Path, steps: int, trainer: str = "auto") -> dict:
+def train_on_device(folder: Path, data: Path, steps: int, trainer: str = "auto", eval_examples: int | None = None) -> dict:
+    """`edgefl-device train` in a fresh process; `eval_examples` None: its default evaluation (before and after
+    training, part of the peak a device sees), as devices run it."""
+    evaluation = [] if eval_examples is None else ["--eval-examples", str(eval_examples)]
     r = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", "train", "--artifacts", str(folder),
-                        "--data", str(data), "--steps", str(steps), "--eval-examples", "0", "--format", "json",
+                        "--data", str(data), "--steps", str(steps), *evaluation, "--format", "json",
                         "--trainer", trainer], capture_output=True, text=True, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}")
@@ -221,14 +237,14 @@ def fit(rows: list[dict], store: ProfileStore, baseline: int, runtime: str = "or
         if best is None or sse < best[0]:
             best = (sse, int(F), c)
     _, F, c = best
-    how = (f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(rows)} native peaks"
-           if upper else f"fit on {len(rows)} {runtime.upper()} peaks")
+    how = (f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(rows)} measured peaks"
+           if upper else f"fit on {len(rows)} measured peaks")
     return replace(DEFAULTS[runtime], baseline_bytes=baseline, workspace_fixed_bytes=F, workspace_factor=c,
                    source=f"{how} (bench/artifact_memory.py)")
 
 
 def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data: Path, folder: Path,
-            steps: int, store: ProfileStore) -> dict:
+            steps: int, store: ProfileStore, eval_examples: int | None = None) -> dict:
     """One set exported and trained; ExecuTorch: natively, then by the Python trainer on the same set."""
     from edgefl.export.backends import get_backend
     from edgefl.export.pipeline import export_set
@@ -240,7 +256,8 @@ def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data:
     row["export_seconds"] = round(time.time() - t0, 2)
     row["artifact_bytes"] = a.suffix.artifact_bytes + (a.prefix.artifact_bytes if a.prefix else 0)
     row["upload_bytes"] = a.suffix.upload_bytes
-    report = train_on_device(folder, data, steps)
+    report = train_on_device(folder, data, steps, eval_examples=eval_examples)
+    row["eval_examples"] = EVAL_EXAMPLES if eval_examples is None else eval_examples
     row.update({k: report[k] for k in ("peak_rss_bytes", "loaded_rss_bytes", "step_seconds", "trained_tensor_bytes",
                                        "first_step_loss", "last_step_loss")})
     row["predicted_peak_bytes"] = predicted_peak(store, ref, config, backend, DEFAULTS[backend])
@@ -248,7 +265,7 @@ def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data:
     if backend != "executorch":
         return row
     row["trainer"] = report.get("trainer")
-    python = train_on_device(folder, data, steps, trainer="python")
+    python = train_on_device(folder, data, steps, trainer="python", eval_examples=eval_examples)
     row.update({f"python_{k}": python[k] for k in ("peak_rss_bytes", "loaded_rss_bytes", "step_seconds",
                                                    "first_step_loss", "last_step_loss")})
     row["python_error_before_fit"] = (row["predicted_peak_bytes"] - python["peak_rss_bytes"]) / python["peak_rss_bytes"]
@@ -275,29 +292,37 @@ def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, bin
         "baseline_bytes": baseline, "how": how, "smallest_set_loaded_minus_weights_bytes": alternative,
         "smallest_set": f"{smallest['model']} k={smallest['frozen_prefix']} s={smallest['head_width']:g}",
         "native_trainer_build": next((p for p in binary.parts if p.startswith("linux-")), str(binary))}
-    if not fitting:
-        return out
-    fitted = fit(rows, store, baseline, "executorch", upper=True, max_factor=ET_MAX_FACTOR)
-    for r, q in zip(rows, _predict(rows, store, "executorch", fitted)):
+    if fitting:
+        out.update(upper_bound_summary("executorch", rows, store, baseline))
+    return out
+
+
+def upper_bound_summary(runtime: str, rows: list[dict], store: ProfileStore, baseline: int) -> dict:
+    """The upper-bound fit of `runtime`'s constants on its rows (each row gets its fitted prediction and
+    measured/predicted) and, leaving each model family out in turn, the fit on the others checked on it."""
+    fitted = fit(rows, store, baseline, runtime, upper=True, max_factor=MAX_FACTOR[runtime])
+    for r, q in zip(rows, _predict(rows, store, runtime, fitted)):
         r["predicted_peak_bytes_fitted"] = q
         r["measured_over_predicted"] = r["peak_rss_bytes"] / q
         r["error_after_fit"] = (q - r["peak_rss_bytes"]) / r["peak_rss_bytes"]
     ratios = [r["measured_over_predicted"] for r in rows]
-    out["executorch_constants"] = asdict(fitted)
-    out["executorch_fit"] = {"rows": len(rows), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
-                             "measured_over_predicted_max": max(ratios), "measured_over_predicted_min": min(ratios),
-                             "worst_peak_error_before_fit": max(abs(r["error_before_fit"]) for r in rows)}
+    out = {f"{runtime}_constants": asdict(fitted),
+           f"{runtime}_fit": {"rows": len(rows), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
+                              "measured_over_predicted_max": max(ratios), "measured_over_predicted_min": min(ratios),
+                              "worst_peak_error_before_fit": max(abs(r["error_before_fit"]) for r in rows)}}
     families = sorted({r["model"] for r in rows})
-    if len(families) > 1:   # out of sample: fitted on one family's peaks, checked on the others'
+    if len(families) > 1:   # out of sample: fitted on the other families' peaks, checked on the held-out one's
         cross = {}
         for name in families:
-            k = fit([r for r in rows if r["model"] == name], store, baseline, "executorch", upper=True,
-                    max_factor=ET_MAX_FACTOR)
-            others = [r for r in rows if r["model"] != name]
-            got = [r["peak_rss_bytes"] / q for r, q in zip(others, _predict(others, store, "executorch", k))]
-            cross[f"fit_on_{name}"] = {"constants": [k.workspace_fixed_bytes, k.workspace_factor],
-                                       "measured_over_predicted_max": max(got), "measured_over_predicted_min": min(got)}
-        out["executorch_leave_one_family_out"] = cross
+            fitted_on = [r for r in rows if r["model"] != name]
+            k = fit(fitted_on, store, baseline, runtime, upper=True, max_factor=MAX_FACTOR[runtime])
+            held = [r for r in rows if r["model"] == name]
+            got = [r["peak_rss_bytes"] / q for r, q in zip(held, _predict(held, store, runtime, k))]
+            cross[f"held_out_{name}"] = {"fit_on": sorted({r["model"] for r in fitted_on}),
+                                         "constants": [k.workspace_fixed_bytes, k.workspace_factor],
+                                         "measured_over_predicted_max": max(got),
+                                         "measured_over_predicted_min": min(got)}
+        out[f"{runtime}_leave_one_family_out"] = cross
     return out
 
 
@@ -330,10 +355,12 @@ def merge(path: Path, result: dict, backends: list[str]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="ort,torch,executorch")
-    ap.add_argument("--models", default="resnet20,transformer")
+    ap.add_argument("--models", default="resnet20,cnn,transformer")
     ap.add_argument("--configs", help="frozen prefix:head width pairs for every model, e.g. 0:1,19:1 (default: "
                                       "each backend's grid)")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--eval-examples", type=int, help="passed to edgefl-device train (default: its own, "
+                                                          f"{EVAL_EXAMPLES}, on the data's {EVAL_EXAMPLES} examples)")
     ap.add_argument("--context", type=int, help="transformer context (default: the zoo's)")
     ap.add_argument("--no-fit", action="store_true", help="do not fit the runtimes' constants")
     ap.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "artifact_memory.json")
@@ -368,11 +395,12 @@ def main(argv=None) -> int:
             data = write_data(ref, tmp)
             L = store.full(ref).num_layers
             for backend in backends:
-                grid = args.configs or (EXECUTORCH_GRID.get(name) if backend == "executorch" else None)
+                grid = args.configs or (EXECUTORCH_GRID if backend == "executorch" else GRID).get(name)
                 for config in configs(L, grid):
                     folder = tmp / f"{name}-{config.hash()}-{backend}"
                     try:
-                        row = measure(backend, ref, config, state, data, folder, args.steps, store)
+                        row = measure(backend, ref, config, state, data, folder, args.steps, store,
+                                      args.eval_examples)
                     except Exception as exc:   # one backend failing on one config is a result, not the end
                         row = {"model": name, "ref": ref.to_json(), "backend": backend,
                                "frozen_prefix": config.frozen_prefix, "head_width": config.head_width,
@@ -404,26 +432,10 @@ def main(argv=None) -> int:
     if full and head:
         result["ort_all_but_head_over_full_resnet20"] = head["peak_rss_bytes"] / full["peak_rss_bytes"]
     ort_rows = [r for r in ok if r["backend"] == "ort"]
-    if ort_rows and not args.no_fit:
-        fitted = fit(ort_rows, store, baseline["ort"])
-        for r in ort_rows:
-            r["predicted_peak_bytes_fitted"] = predicted_peak(store, ModelRef.from_json(r["ref"]),
-                                                              TrainConfig.from_json(r["config"]), "ort", fitted)
-            r["error_after_fit"] = (r["predicted_peak_bytes_fitted"] - r["peak_rss_bytes"]) / r["peak_rss_bytes"]
-        result["ort_constants"] = asdict(fitted)
-        result["ort_worst_peak_error_after_fit"] = max(abs(r["error_after_fit"]) for r in ort_rows)
-        # out of sample: fitted on one model's peaks, the worst error on the other's
-        models = sorted({r["model"] for r in ort_rows})
-        if len(models) > 1:
-            cross = {}
-            for name in models:
-                k = fit([r for r in ort_rows if r["model"] == name], store, baseline["ort"])
-                cross[f"fit_on_{name}"] = max(
-                    abs(predicted_peak(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), "ort", k)
-                        - r["peak_rss_bytes"]) / r["peak_rss_bytes"] for r in ort_rows if r["model"] != name)
-            result["ort_worst_peak_error_other_model"] = cross
     if ort_rows:
-        result["ort_worst_peak_error_before_fit"] = max(abs(r["error_before_fit"]) for r in ort_rows)
+        result["ort_baseline_bytes"] = baseline["ort"]
+    if ort_rows and not args.no_fit:
+        result.update(upper_bound_summary("ort", ort_rows, store, baseline["ort"]))
     et_rows = [r for r in ok if r["backend"] == "executorch"]
     if et_rows:
         result.update(executorch_summary(et_rows, store, baseline["executorch"], binary, not args.no_fit))
@@ -433,8 +445,8 @@ def main(argv=None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     result = merge(args.output, result, backends)
     args.output.write_text(json.dumps(result, indent=1) + "\n")
-    for key in ("ort_all_but_head_over_full_resnet20", "ort_constants", "ort_worst_peak_error_before_fit",
-                "ort_worst_peak_error_after_fit", "ort_worst_peak_error_other_model", "executorch_goals",
+    for key in ("ort_all_but_head_over_full_resnet20", "ort_baseline_bytes", "ort_constants", "ort_fit",
+                "ort_leave_one_family_out", "executorch_goals",
                 "executorch_baseline", "executorch_constants", "executorch_fit", "executorch_leave_one_family_out"):
         if key in result and (key.split("_")[0] in backends):
             print(f"{key}: {result[key]}")

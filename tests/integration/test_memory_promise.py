@@ -31,7 +31,7 @@ def predicted_peaks(runtime: str) -> dict[int, int]:
     return {k: ctx.cost(ctx.config(frozen_prefix=k), runtime).peak_memory_bytes for k in (0, FROZEN)}
 
 
-@pytest.mark.parametrize("runtime", ["executorch"])
+@pytest.mark.parametrize("runtime", ["ort", "executorch"])
 def test_a_tight_group_trains_within_its_budget(runtime, native_trainer, tmp_path):
     peaks = predicted_peaks(runtime)
     budget = int(peaks[FROZEN] * (1 + SLACK))

@@ -38,7 +38,7 @@ def test_example_loads():
 
 
 def test_example_budgets_leave_small_devices_short_of_full_resnet20():
-    """Full ResNet-20 at batch 32 peaks at ~155 MiB with ort, ~197 MiB with executorch and ~370 MiB with
+    """Full ResNet-20 at batch 32 peaks at ~218 MiB with ort, ~197 MiB with executorch and ~370 MiB with
     torch (cost model): the small groups cannot train it whole, the larger ones can."""
     from edgefl.strategies import PlanContext
     from edgefl.zoo import ModelRef
