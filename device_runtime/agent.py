@@ -47,7 +47,6 @@ class DeviceAgent:
         training memory this device grants (instructions predicted above it are refused; with
         `enforce_memory` the training process is also killed if it goes over, as an OOM killer would);
         `trainer`: auto | native | python (edgefl.device_runtime.native.choose)."""
-
         if enforce_memory and memory_bytes is None:
             raise ConfigError("--enforce-memory needs the device's memory (--memory or a --profile)")
         self.enforce_memory = enforce_memory
@@ -105,9 +104,6 @@ class DeviceAgent:
             return report, None
         with tempfile.TemporaryDirectory(prefix="edgefl-round-") as tmp:
             out = Path(tmp) / "upload.npy"
-            spec = {"artifacts": str(folder), "data": str(self.data), "lr": ins.lr, "seed": ins.seed,
-                    "epochs": ins.config.local_epochs, "threads": self.threads, "runtime": self.runtime, "out": str(out),
-                    "max_examples": ins.option("max_examples")}
             meter = self.meter() if self.meter else None
             if meter:
                 meter.start()
@@ -119,6 +115,9 @@ class DeviceAgent:
                                         max_examples=ins.option("max_examples"))
                     child = run_process(argv, self.threads, self.train_timeout_s, cap)
                 else:
+                    spec = {"artifacts": str(folder), "data": str(self.data), "lr": ins.lr, "seed": ins.seed,
+                            "epochs": ins.config.local_epochs, "threads": self.threads, "runtime": self.runtime,
+                            "out": str(out), "max_examples": ins.option("max_examples")}
                     child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap)
                 if child.returncode != 0 and cap is not None and (cap.oom_killed() or child.returncode == -9):
                     child.error = f"out of memory: the training process was killed at its cap {cap.describe()}"

@@ -3,10 +3,11 @@ tensors, print what it measured. Started fresh for every round by the agent (`ed
 so its peak RSS (VmHWM) is the training's own and nothing of a previous round stays resident.
 
 Local data is read a batch at a time (edgefl.device_runtime.local_data), so the peak does not grow with
-the device's share. Local training matches the emulation's torch Trainer (edgefl.device_runtime.trainers.torch_trainer) batch
-for batch, so a run served to devices and the same run emulated reach the same weights: `local_epochs`
-passes, each over a fresh permutation from numpy's default_rng(seed) in batches of the manifest's batch
-size, the last batch of a pass the remainder.
+the device's share. Local training matches the emulation's torch Trainer
+(edgefl.device_runtime.trainers.torch_trainer) batch for batch, so a run served to devices and the same run
+emulated reach the same weights: `local_epochs` passes, each over a fresh permutation from numpy's
+default_rng(seed), cut to the instruction's `max_examples` (the examples the plan's FLOPs assume), in
+batches of the manifest's batch size, the last batch of a pass the remainder.
 
     python -m edgefl.device_runtime.worker '{"artifacts": DIR, "data": PATH, "lr": 0.05, "seed": 7,
                                               "epochs": 1, "threads": 1, "out": FILE.npy,

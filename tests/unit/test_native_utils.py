@@ -37,7 +37,7 @@ NATIVE = ROOT / "device_runtime" / "native"
 def util(tmp_path_factory):
     gxx = shutil.which("g++")
     if gxx is None:
-        pytest.skip("g++ is not installed: the native utilities cannot be compiled")
+        pytest.fail("g++ is not installed: the native utilities cannot be compiled; apt-get install -y g++")
     exe = tmp_path_factory.mktemp("native") / "util_check"
     subprocess.run([gxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(NATIVE / "src"),
                     str(NATIVE / "tests" / "util_check.cpp"), "-o", str(exe)], check=True)
