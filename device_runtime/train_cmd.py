@@ -18,11 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from edgefl.errors import ConfigError, EdgeflError
-
-MMAP_THRESHOLD = 128 * 1024     # the same policy as edgefl.measure.MMAP_THRESHOLD (a test checks they agree)
+from edgefl.device_runtime.child import MMAP_THRESHOLD  # edgefl.measure's policy (a test checks they agree)
+from edgefl.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -90,52 +87,27 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the child, relay its one-line error or print its report."""
-    import subprocess
-
+    """Start the child (the native trainer for ExecuTorch sets), relay its one-line error or print its report."""
     if args.steps < 1 or args.eval_examples < 0 or args.threads < 1:
         raise ConfigError(f"--steps and --threads must be >= 1 and --eval-examples >= 0 (got {args.steps}, "
                           f"{args.threads}, {args.eval_examples})")
+    from edgefl.device_runtime.child import check, run_process
     from edgefl.device_runtime.native import choose
 
+    common = ["--artifacts", args.artifacts, "--data", args.data, "--steps", args.steps, "--lr", repr(args.lr),
+              "--seed", args.seed, "--threads", args.threads, "--eval-examples", args.eval_examples]
     native = choose(args.runtime or _backend(args.artifacts) or "", args.trainer)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     if native is not None:
-        return _finish(args, _run_native(native, args, env))
-    argv = [str(a) for a in ("--artifacts", args.artifacts, "--data", args.data, "--steps", args.steps, "--lr", args.lr,
-                             "--seed", args.seed, "--threads", args.threads, "--eval-examples", args.eval_examples)]
-    if args.runtime:
-        argv += ["--runtime", args.runtime]
-    proc = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.train_cmd", *argv], capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        lines = [l for l in proc.stderr.splitlines() if l.strip()]
-        if proc.returncode == 2 and lines:
-            raise EdgeflError(lines[-1].removeprefix("edgefl-device: error: "))
-        raise RuntimeError(f"the training process failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return _finish(args, json.loads(proc.stdout.strip().splitlines()[-1]))
-
-
-def _run_native(binary, args: argparse.Namespace, env: dict) -> dict:
-    """The same run through the native trainer, its report in this command's terms."""
-    import subprocess
-
-    argv = [str(a) for a in (binary, "--artifacts", args.artifacts, "--data", args.data, "--steps", args.steps,
-                             "--lr", repr(args.lr), "--seed", args.seed, "--threads", args.threads,
-                             "--eval-examples", args.eval_examples)]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        lines = [l for l in proc.stderr.splitlines() if l.strip()]
-        if proc.returncode == 2 and lines:
-            raise EdgeflError(lines[-1].removeprefix("edgefl-et-train: error: "))
-        raise RuntimeError(f"the native trainer failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
-    renamed = {"loss_first": "first_step_loss", "loss_last": "last_step_loss", "upload_bytes": "trained_tensor_bytes",
-               "wall_s": "wall_seconds"}
-    report = {renamed.get(k, k): v for k, v in r.items()}
-    report["mmap_threshold"] = MMAP_THRESHOLD
-    return report
+        report = check(run_process([str(a) for a in (native, *common)], args.threads))
+        renamed = {"loss_first": "first_step_loss", "loss_last": "last_step_loss",
+                   "upload_bytes": "trained_tensor_bytes", "wall_s": "wall_seconds"}
+        report = {renamed.get(k, k): v for k, v in report.items()}
+        report["mmap_threshold"] = MMAP_THRESHOLD
+    else:
+        argv = [sys.executable, "-m", "edgefl.device_runtime.train_cmd", *common]
+        argv += ["--runtime", args.runtime] if args.runtime else []
+        report = check(run_process([str(a) for a in argv], args.threads))
+    return _finish(args, report)
 
 
 def _finish(args: argparse.Namespace, report: dict) -> int:
