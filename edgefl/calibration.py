@@ -82,7 +82,7 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # the same sets: these constants do not cover it.
     "executorch": RuntimeConstants(5_193_728, 39_209_014, 3.08,
                                    "measured native trainer RSS; workspace an upper bound on measured native "
-                                   "peaks (bench/artifact_memory.py)"),
+                                   "peaks (bench/artifact_memory.py)", prefix_batch=1),
 }
 
 

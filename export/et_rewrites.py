@@ -5,11 +5,13 @@ suffix took seconds per step (RUNTIME_NOTES). Written as the ops its runtime run
 matrix products), the same layers train an order of magnitude faster:
 
 * `MatmulConv2d`: channels-last, zero padding by `cat` (F.pad's backward crashed the runtime), the k*k
-  shifted strided slices stacked along channels (im2col without an im2col kernel), one batched matrix
-  product with the weight laid out (kh, kw, in, out).
-* `MatmulLinear`: x @ W^T + b as a batched product (addmm's training kernel is the slow one).
-* `SliceMaxPool2d`: max pooling as a max over stacked window slices: the runtime's own pool backward
-  returns wrong gradients (its docstring).
+  shifted strided slices stacked along channels (im2col without an im2col kernel), a batched matrix
+  product with the weight laid out (kh, kw, in, out), a few samples at a time (`PATCH_BYTES`): the patch
+  matrix is k*k times the input, and a whole batch's of it was most of a program's memory plan.
+* `MatmulLinear`: x @ W^T + b as one matrix product (addmm's training kernel is the slow one), transposing
+  the smaller of input and weight.
+* `SliceMaxPool2d`: max pooling as a max over stacked window slices (a reshape where windows tile the
+  input): the runtime's own pool backward returns wrong gradients (its docstring).
 * `StatBatchNorm2d`: batch norm written out of mean/var/rsqrt. In training its running statistics are
   values, not buffers mutated in place: it reads them from its buffers (which the exporter replaces by
   program inputs) and leaves the updated ones in `updates`, which the exporter returns as outputs. That
@@ -19,10 +21,10 @@ matrix products), the same layers train an order of magnitude faster:
   batch or running statistics, so the training program evaluates too (no second program, no second
   memory plan on the device).
 
-Matrix products are written as single large `bmm`s, which the portable kernels run at full speed, and
+Matrix products are written as large `bmm`/`mm`s, which the optimized kernels run at full speed, and
 transposes as `permute` (edgefl.export.executorch_program moves them onto the smaller operand). No
-parameter is ever reshaped directly:
-ExecuTorch's emitter cannot place a view of an external weight (an unsqueeze is a copy there).
+parameter is ever reshaped directly: ExecuTorch's emitter cannot place a view of an external weight (an
+unsqueeze is a copy there).
 
 `rewrite(module)` returns a deep copy with every such layer replaced; `load_state_dict` of the original
 state loads into it unchanged.
@@ -58,6 +60,12 @@ def _shifts(x: torch.Tensor, dim: int, k: int, stride: int, size: int) -> torch.
     return windows[0] if k == 1 else torch.cat(windows, dim=-1)
 
 
+# most bytes of one convolution's patch matrix built at once (MatmulConv2d). Each chunk costs graph nodes
+# (export time, and runtime metadata per instruction) and its patches cost arena memory: at 2 MiB a full
+# ResNet-20 suffix plans 55 MiB (4 MiB: 60; 1 MiB: 52) and exports in about 2 minutes (4 MiB: 1; 1 MiB: 4)
+PATCH_BYTES = 2 * 2**20
+
+
 class MatmulConv2d(nn.Module):
     """nn.Conv2d (groups 1, dilation 1, zero padding): channels-last shifted slices + one batched product.
 
@@ -77,25 +85,37 @@ class MatmulConv2d(nn.Module):
                 and not isinstance(conv.padding, str))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        (kh, kw), (sh, sw) = self.kernel, self.stride
-        x = _pad_channels_last(x.permute(0, 2, 3, 1), *self.padding)
-        n, h, w, c = x.shape
-        ho, wo = (h - kh) // sh + 1, (w - kw) // sw + 1
-        # im2col in two passes (kw shifts along W, then kh along H): 2k slices instead of k*k, a third
-        # fewer graph nodes with the backward, and exporting costs time per node
-        cols = _shifts(x, 2, kw, sw, wo)                                           # (n, h, wo, kw*c)
-        cols = _shifts(cols, 1, kh, sh, ho)                                        # (n, ho, wo, kh*kw*c)
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        n, c, h, w = x.shape
+        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
         cout = self.weight.shape[0]
         # permute first: a view of the weight itself trips the emitter on external weights
         weight = self.weight.permute(2, 3, 1, 0).reshape(1, kh * kw * c, cout)
-        out = torch.bmm(cols.reshape(1, n * ho * wo, kh * kw * c), weight)
+        # the patch matrix is kh*kw times the input: built for a few samples at a time, the program's memory
+        # plan holds one chunk's patches (and their backward's), not the batch's
+        rows = max(1, min(n, PATCH_BYTES // (ho * wo * kh * kw * c * x.element_size())))
+        parts = [self._product(part, weight, ho, wo) for part in (torch.split(x, rows) if rows < n else (x,))]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(n, ho, wo, cout).permute(0, 3, 1, 2)
 
+    def _product(self, x: torch.Tensor, weight: torch.Tensor, ho: int, wo: int) -> torch.Tensor:
+        """(1, rows * ho * wo, out channels): the convolution of NCHW samples `x`, before the bias."""
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        x = _pad_channels_last(x.permute(0, 2, 3, 1), *self.padding)
+        n, c = x.shape[0], x.shape[3]
+        # im2col in two passes (kw shifts along W, then kh along H): 2k slices instead of k*k, a third
+        # fewer graph nodes with the backward, and exporting costs time per node
+        cols = _shifts(x, 2, kw, sw, wo)                                           # (n, h, wo, kw*c)
+        cols = _shifts(cols, 1, kh, sh, ho)                                        # (n, ho, wo, kh*kw*c)
+        return torch.bmm(cols.reshape(1, n * ho * wo, kh * kw * c), weight)
+
 
 class MatmulLinear(nn.Module):
-    """nn.Linear as one batched product (addmm's training kernel is the slow one)."""
+    """nn.Linear as one matrix product (addmm's training kernel is the slow one), written so that what gets
+    transposed is the smaller of the weight and the input: a transpose is a copy in ExecuTorch, and a copy
+    of a large weight lives from the forward step to the backward step (a CNN's 6 MB fc weight, twice)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -104,7 +124,11 @@ class MatmulLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cout, cin = self.weight.shape
-        out = torch.bmm(x.reshape(1, -1, cin), self.weight.t().reshape(1, cin, cout))
+        rows = x.numel() // cin
+        if cout > rows:     # out^T = W x^T: the input and the output are transposed, never the weight
+            out = torch.mm(self.weight, x.reshape(rows, cin).permute(1, 0)).permute(1, 0)
+        else:
+            out = torch.bmm(x.reshape(1, rows, cin), self.weight.t().reshape(1, cin, cout))
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], cout)
@@ -175,6 +199,8 @@ class SliceMaxPool2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.stride, self.padding, self.dilation
+        if (kh, kw) == (sh, sw) and not ph and not pw and (dh, dw) == (1, 1):
+            return self._tiled(x)
         if ph or pw:          # padded positions are never the maximum (-inf), as in torch's pool
             x = _pad_channels_last(x.permute(0, 2, 3, 1), ph, pw, float("-inf")).permute(0, 3, 1, 2)
         h, w = x.shape[2:]
@@ -182,6 +208,18 @@ class SliceMaxPool2d(nn.Module):
         windows = [x[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw]
                    for i in range(kh) for j in range(kw)]
         return torch.stack(windows, dim=-1).max(dim=-1).values
+
+    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """Windows that tile the input (kernel = stride, the usual 2x2 pool): a reshape puts each window on a
+        last axis in scan order, so the backward scatters into one input-sized buffer, where stacked slices
+        scatter into one per window position (k*k input-sized buffers, summed)."""
+        (kh, kw) = self.kernel
+        n, c, h, w = x.shape
+        ho, wo = h // kh, w // kw
+        if (ho * kh, wo * kw) != (h, w):     # floor mode drops the last rows and columns
+            x = x[:, :, :ho * kh, :wo * kw]
+        windows = x.reshape(n, c, ho, kh, wo, kw).permute(0, 1, 2, 4, 3, 5).reshape(n, c, ho, wo, kh * kw)
+        return windows.max(dim=-1).values
 
 
 def _replacement(mod: nn.Module) -> nn.Module | None:

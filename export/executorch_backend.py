@@ -1,9 +1,9 @@
 """ExecuTorch backend: the prefix as an XNNPACK `.pte`, the suffix as a joint forward/backward training
 program whose weights live in a `.ptd` (edgefl.export.executorch_program describes both programs).
 
-Files. Prefix: `prefix.pte` (eval mode, weights inside, static batch `extra["batch"]`: the trainer runs
-it in chunks). Suffix: `suffix.pte` (the training program, which also evaluates), `weights.ptd` (the
-parameters, external mutable weights), `state.npz` (BN running statistics and batch counters by
+Files. Prefix: `prefix.pte` (eval mode, weights inside, static batch `extra["batch"]`, the runtime's
+`prefix_batch`: the trainer runs it in chunks of that many rows). Suffix: `suffix.pte` (the training
+program, which also evaluates), `weights.ptd` (the parameters, external mutable weights), `state.npz` (BN running statistics and batch counters by
 suffix key: program inputs the trainer keeps, not weights the runtime holds).
 
 Refreshing weights (`write_weights`) rewrites `weights.ptd` and `state.npz`, never the program: the
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from edgefl.calibration import DEFAULTS
 from edgefl.export.backend import Backend, PrefixFiles, SuffixFiles
 from edgefl.export.executorch_program import PREFIX, prefix_program, training_program
 from edgefl.manifest import IOSpec, Manifest
@@ -65,6 +66,8 @@ class ExecuTorchBackend(Backend):
         return {"executorch": version.__version__, "torch": torch.__version__}
 
     def export_prefix(self, prefix, example, out: Path) -> PrefixFiles:
+        # planned for the rows the trainer runs through it at once (the cost model prices that many)
+        example = example[: DEFAULTS[self.name].prefix_batch or len(example)]
         with torch.no_grad():
             result = prefix.eval()(example)
         outs = list(result) if isinstance(result, (tuple, list)) else [result]

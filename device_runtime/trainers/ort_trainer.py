@@ -27,11 +27,16 @@ from edgefl.device_runtime.trainers.base import ArtifactTrainer, in_chunks
 from edgefl.errors import ArtifactError
 from edgefl.manifest import ArtifactSet
 
+SGD_SLICE = 1 << 16     # values the SGD step updates at a time (its scratch buffer: 256 KiB)
+
 
 def _session_options(threads: int):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
+    # no arena: ORT's CPU arena grows by doubling and keeps what it grew (a CNN set peaked at 147 MiB with it,
+    # 102 without); each tensor is then the allocator's own block, freed when ORT frees it
+    options.enable_cpu_mem_arena = False
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
@@ -65,6 +70,7 @@ class OrtTrainer(ArtifactTrainer):
         self.counters = {e.local: int(self.state.properties[e.local]) for e in m.trainable if e.kind == "counter"}
         self.batch_norm = list(m.extra.get("batch_norm", []))
         self.momentum: dict[str, np.ndarray] = {}
+        self._scratch = np.empty(SGD_SLICE, np.float32)
         self._outputs: Optional[list[str]] = None
         self._eval = None
         self._eval_state: tuple[int, dict] = (-1, {})
@@ -105,16 +111,36 @@ class OrtTrainer(ArtifactTrainer):
             self.state.parameters[bn["var"]] = unbiased.astype(np.float32)
 
     def _sgd(self, lr: float) -> None:
+        """torch.optim.SGD in place on the state's own buffers (`.data` and `.grad` are views of them), a
+        slice at a time through one small scratch buffer: the step allocates nothing of the model's size,
+        only the momentum buffers it keeps. Same float32 operations in the same order as the stock
+        client's `w - lr * (momentum * b + (g + wd * w))` (docs/artifact-format.md), so the same bits."""
         spec = self.manifest.optimizer
         for name in self.params:
             p = self.state.parameters[name]
-            w, g = p.data, p.grad
-            if spec.weight_decay:
-                g = g + spec.weight_decay * w
-            if spec.momentum:
-                buf = self.momentum.get(name)
-                g = self.momentum[name] = g.copy() if buf is None else buf * spec.momentum + g
-            self.state.parameters[name] = (w - lr * g).astype(np.float32)
+            w, g = p.data.reshape(-1), p.grad.reshape(-1)
+            first = spec.momentum and name not in self.momentum
+            if first:
+                self.momentum[name] = np.empty_like(g)
+            for start in range(0, len(w), SGD_SLICE):
+                ws, gs = w[start:start + SGD_SLICE], g[start:start + SGD_SLICE]
+                d = self._scratch[: len(ws)]
+                if spec.weight_decay:
+                    np.multiply(ws, spec.weight_decay, out=d)
+                    np.add(gs, d, out=d)
+                else:
+                    np.copyto(d, gs)
+                if spec.momentum:
+                    b = self.momentum[name][start:start + SGD_SLICE]
+                    if first:
+                        np.copyto(b, d)
+                    else:
+                        np.multiply(b, spec.momentum, out=b)
+                        np.add(b, d, out=b)
+                    d = b
+                step = self._scratch[: len(ws)]
+                np.multiply(d, lr, out=step)
+                np.subtract(ws, step, out=ws)
 
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
         import onnxruntime

@@ -46,7 +46,7 @@ def local_data(artifacts, folder, examples: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     shape = (examples, *spec.shape[1:])
     x = rng.integers(0, classes, shape) if spec.dtype == "int64" else rng.standard_normal(shape).astype(np.float32)
-    per_example = labels.shape[0] // spec.shape[0]
+    per_example = labels.shape[0] // artifacts.suffix.batch_size
     y = rng.integers(0, classes, (examples, per_example) if per_example > 1 else examples)
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "x.npy", x)

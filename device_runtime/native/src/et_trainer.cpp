@@ -81,6 +81,7 @@ EtTrainer::EtTrainer(const ArtifactSet& set, int threads) : set_(set), optimizer
     prefix_ = load(set.prefix.file("model"), "");
     prefix_rows_ = set.prefix.batch;
   }
+  features_ = set.suffix.inputs.size() - 1;  // every input before the labels
   input_bytes_per_example_ = set.model_input().dtype == "int64" ? 8 : 4;
   for (size_t i = 1; i < set.model_input().shape.size(); i++)
     input_bytes_per_example_ *= static_cast<size_t>(set.model_input().shape[i]);
@@ -125,62 +126,69 @@ EtTrainer::EtTrainer(const ArtifactSet& set, int threads) : set_(set), optimizer
   }
 }
 
-std::vector<std::vector<float>> EtTrainer::features(const std::vector<unsigned char>& x, int64_t examples) {
+void EtTrainer::fill_features(const std::vector<unsigned char>& x, int64_t examples) {
   const size_t row = input_bytes_per_example_;
-  // Padding repeats the first example: real values, and its rows are never counted.
-  std::vector<unsigned char> padded(x.begin(), x.begin() + examples * row);
-  for (int64_t i = examples; i < rows_; i++) padded.insert(padded.end(), x.begin(), x.begin() + row);
-  const ScalarType input_type = set_.model_input().dtype == "int64" ? ScalarType::Long : ScalarType::Float;
-  if (!prefix_) {
-    std::vector<float> as_float(padded.size() / 4);
-    std::memcpy(as_float.data(), padded.data(), padded.size());  // int64 tokens travel bit for bit
-    return {std::move(as_float)};
+  // Padding (a short evaluation batch) repeats the first example: real values, and its rows are never counted.
+  std::vector<unsigned char> padded;
+  if (examples < rows_) {
+    padded.assign(x.begin(), x.begin() + examples * row);
+    for (int64_t i = examples; i < rows_; i++) padded.insert(padded.end(), x.begin(), x.begin() + row);
   }
-  const size_t outputs = set_.prefix.outputs.size();
-  std::vector<std::vector<float>> out(outputs);
+  const unsigned char* batch = examples < rows_ ? padded.data() : x.data();
+  // The program's own (memory-planned) input tensors: the batch's features are written there once, not
+  // held by the trainer and copied in by set_input.
+  std::vector<unsigned char*> inputs;
+  for (size_t k = 0; k < features_; k++) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    auto& tensor = method_->mutable_input(k).toTensor();
+#pragma GCC diagnostic pop
+    inputs.push_back(static_cast<unsigned char*>(tensor.mutable_data_ptr()));
+  }
+  if (!prefix_) {
+    std::memcpy(inputs[0], batch, static_cast<size_t>(rows_) * row);  // int64 tokens travel bit for bit
+    return;
+  }
+  const ScalarType input_type = set_.model_input().dtype == "int64" ? ScalarType::Long : ScalarType::Float;
   std::vector<unsigned char> chunk;
   for (int64_t start = 0; start < rows_; start += prefix_rows_) {
     const int64_t n = std::min(prefix_rows_, rows_ - start);
-    chunk.assign(padded.begin() + start * row, padded.begin() + (start + n) * row);
+    chunk.assign(batch + start * row, batch + (start + n) * row);
     for (int64_t i = n; i < prefix_rows_; i++) chunk.insert(chunk.end(), chunk.begin(), chunk.begin() + row);
     auto input = tensor_of(chunk.data(), sizes(set_.prefix.inputs[0].shape, prefix_rows_), input_type);
     auto result = prefix_->execute("forward", std::vector<EValue>{EValue(input)});
     if (!result.ok()) throw UserError(set_.prefix.file("model") + ": the prefix failed to run (" +
                                       std::string(executorch::runtime::to_string(result.error())) + ")");
-    for (size_t k = 0; k < outputs; k++) {
+    for (size_t k = 0; k < features_; k++) {
       const auto& t = (*result)[k].toTensor();
-      const float* data = t.const_data_ptr<float>();
-      const size_t per_row = static_cast<size_t>(t.numel() / prefix_rows_);
-      out[k].insert(out[k].end(), data, data + n * per_row);
+      const size_t per_row = t.nbytes() / static_cast<size_t>(prefix_rows_);
+      std::memcpy(inputs[k] + start * per_row, t.const_data_ptr(), n * per_row);
     }
   }
-  return out;
 }
 
 std::vector<EValue> EtTrainer::run(const std::vector<unsigned char>& x, std::vector<int64_t>& labels,
                                    int64_t examples, bool train) {
-  auto feats = features(x, examples);
+  fill_features(x, examples);
   std::vector<TensorPtr> keep;
-  std::vector<EValue> inputs;
-  const bool tokens = !prefix_ && set_.model_input().dtype == "int64";
-  for (size_t i = 0; i < feats.size(); i++) {
-    keep.push_back(tensor_of(feats[i].data(), sizes(set_.suffix.inputs[i].shape, rows_),
-                             tokens ? ScalarType::Long : ScalarType::Float));
-    inputs.emplace_back(keep.back());
-  }
   keep.push_back(tensor_of(labels.data(), {static_cast<int32_t>(labels.size())}, ScalarType::Long));
-  inputs.emplace_back(keep.back());
   float switch_value = train ? 1.0f : 0.0f;
   keep.push_back(tensor_of(&switch_value, {}, ScalarType::Float));
-  inputs.emplace_back(keep.back());
-  for (size_t i = 0; i < statistics_.size(); i++) {
+  for (size_t i = 0; i < statistics_.size(); i++)
     keep.push_back(tensor_of(statistics_[i].data(), sizes(statistic_shapes_[i], 0), ScalarType::Float));
-    inputs.emplace_back(keep.back());
+  const std::string program = set_.suffix.file("program");
+  for (size_t i = 0; i < keep.size(); i++) {
+    const Error error = method_->set_input(EValue(keep[i]), features_ + i);
+    if (error != Error::Ok) throw UserError(program + ": the training program refused input " +
+                                            std::to_string(features_ + i) + " (" +
+                                            executorch::runtime::to_string(error) + "); re-export the set");
   }
-  auto result = suffix_->execute("forward", inputs);
-  if (!result.ok()) throw UserError(set_.suffix.file("program") + ": the training program failed to run (" +
-                                    std::string(executorch::runtime::to_string(result.error())) + ")");
-  return std::move(*result);
+  const Error error = method_->execute();
+  if (error != Error::Ok) throw UserError(program + ": the training program failed to run (" +
+                                          std::string(executorch::runtime::to_string(error)) + ")");
+  std::vector<EValue> outputs;
+  for (size_t i = 0; i < method_->outputs_size(); i++) outputs.push_back(method_->get_output(i));
+  return outputs;
 }
 
 float EtTrainer::train_step(const std::vector<unsigned char>& x, const std::vector<int64_t>& y, float lr) {
@@ -218,23 +226,28 @@ EtTrainer::Eval EtTrainer::eval_batch(const std::vector<unsigned char>& x, const
   return result;
 }
 
-std::vector<float> EtTrainer::upload() const {
-  std::vector<float> out;
+FloatPieces EtTrainer::upload(std::vector<float>& counters) const {
+  FloatPieces out;
+  counters.clear();
+  counters.reserve(set_.suffix.trainable.size());  // never reallocated: pieces point into it
   for (const TensorEntry& e : set_.suffix.trainable) {
     if (e.kind == "parameter") {
       const size_t i = std::find(order_.begin(), order_.end(), e.local) - order_.begin();
       if (i == order_.size() || param_numel_[i] != static_cast<size_t>(e.numel()))
         throw UserError(set_.suffix.folder + "/manifest.json: trained tensor " + e.local +
                         " is not a parameter of the program; re-export the set");
-      out.insert(out.end(), params_[i], params_[i] + param_numel_[i]);
+      out.emplace_back(params_[i], param_numel_[i]);
     } else if (e.kind == "statistic") {
       const size_t i = std::find(set_.statistics.begin(), set_.statistics.end(), e.local) - set_.statistics.begin();
       if (i == set_.statistics.size())
         throw UserError(set_.suffix.folder + "/manifest.json: statistic " + e.local + " is not one the program updates");
-      out.insert(out.end(), statistics_[i].begin(), statistics_[i].end());
+      out.emplace_back(statistics_[i].data(), statistics_[i].size());
     } else {
       for (const auto& counter : counters_)
-        if (counter.first == e.local) out.push_back(static_cast<float>(counter.second));
+        if (counter.first == e.local) {
+          counters.push_back(static_cast<float>(counter.second));
+          out.emplace_back(&counters.back(), 1);
+        }
     }
   }
   return out;

@@ -13,6 +13,7 @@
 #include <executorch/extension/module/module.h>
 
 #include "artifact_set.h"
+#include "npy.h"
 #include "optimizer.h"
 
 namespace edgefl {
@@ -36,12 +37,15 @@ class EtTrainer {
   };
   Eval eval_batch(const std::vector<unsigned char>& x, const std::vector<int64_t>& y, int64_t examples);
 
-  // The upload: every trainable tensor in manifest order, as float32.
-  std::vector<float> upload() const;
+  // The upload: every trainable tensor in manifest order, as float32 pieces read in place (parameters
+  // from the runtime's memory, statistics from the trainer's): no copy of the model is ever made. Valid
+  // until the next step; `counters` holds the batch counters as float32 for the pieces that point there.
+  FloatPieces upload(std::vector<float>& counters) const;
 
  private:
-  // The boundary state of `examples` rows of x (x itself when nothing is frozen), padded to the batch.
-  std::vector<std::vector<float>> features(const std::vector<unsigned char>& x, int64_t examples);
+  // The boundary state of `examples` rows of x (x itself when nothing is frozen), padded to the batch,
+  // written into the suffix program's input tensors.
+  void fill_features(const std::vector<unsigned char>& x, int64_t examples);
   std::vector<executorch::runtime::EValue> run(const std::vector<unsigned char>& x, std::vector<int64_t>& labels,
                                                int64_t examples, bool train);
 
@@ -50,6 +54,7 @@ class EtTrainer {
   executorch::runtime::Method* method_ = nullptr;
   int64_t rows_ = 0, prefix_rows_ = 0, steps_ = 0;
   size_t input_bytes_per_example_ = 0;
+  size_t features_ = 0;                                // program inputs before the labels
   std::vector<std::string> order_;                     // parameters, in the program's gradient order
   std::vector<float*> params_;                         // their storage in the runtime's memory
   std::vector<size_t> param_numel_;

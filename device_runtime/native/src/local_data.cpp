@@ -51,6 +51,11 @@ LocalData::LocalData(const std::string& path, const ArtifactSet& set) {
     throw UserError("--data " + path + ": x has " + std::to_string(examples_) + " examples and y " +
                     std::to_string(targets) + " targets; y needs a whole number of targets per example");
   targets_per_example_ = targets / examples_;
+  int64_t program_targets = 1;  // the labels input of the training program: the batch's targets
+  for (int64_t d : set.suffix.inputs.back().shape) program_targets *= d;
+  if (set.suffix.batch > 0 && targets_per_example_ != program_targets / set.suffix.batch)
+    throw UserError(y_name_ + ": " + std::to_string(targets_per_example_) + " targets per example, the artifact "
+                    "trains on " + std::to_string(program_targets / set.suffix.batch) + "; export data for this model");
   std::vector<int64_t> want(input.shape.begin() + 1, input.shape.end());
   std::vector<int64_t> got(x.shape.begin() + 1, x.shape.end());
   if (want != got)

@@ -163,10 +163,13 @@ Json run(const Options& o) {
   const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   Json after = eval_n ? evaluate(trainer, data, eval_n) : Json();
 
-  const std::vector<float> upload = trainer.upload();
+  std::vector<float> counters;
+  const FloatPieces upload = trainer.upload(counters);
+  size_t upload_values = 0;
+  for (const auto& piece : upload) upload_values += piece.second;
   if (!o.out.empty()) {
     const std::string partial = o.out + ".partial";
-    npy_write_f32(partial, upload.data(), upload.size());
+    npy_write_f32(partial, upload);
     if (std::rename(partial.c_str(), o.out.c_str()) != 0) throw UserError(o.out + ": cannot write the upload there");
   }
   struct utsname host {};
@@ -195,7 +198,7 @@ Json run(const Options& o) {
     for (double l : losses) all.emplace_back(l);
     report.set("losses", Json(all));
   }
-  report.set("upload_bytes", Json(static_cast<int64_t>(upload.size() * 4)));
+  report.set("upload_bytes", Json(static_cast<int64_t>(upload_values * 4)));
   report.set("peak_rss_bytes", Json(vm_status("VmHWM")));
   report.set("loaded_rss_bytes", Json(loaded_rss));
   report.set("predicted_peak_bytes",

@@ -490,9 +490,15 @@ inline void convert_rows(const std::string& descr, const void* src, size_t count
     throw UserError("cannot convert to '" + to + "'; the trainer reads float32 or int64");
 }
 
+// Float32 values in pieces (pointer, count) that a file holds one after another: what a trainer uploads,
+// read in place from the memory that holds it instead of gathered into one copy of the model.
+using FloatPieces = std::vector<std::pair<const float*, size_t>>;
+
 // A 1-D float32 .npy as numpy.save writes it (format 1.0, header padded so the data starts at a multiple
 // of 64 bytes). Written beside the target and renamed over it, so a reader never sees half a file.
-inline void npy_write_f32(const std::string& path, const float* data, size_t n) {
+inline void npy_write_f32(const std::string& path, const FloatPieces& pieces) {
+    size_t n = 0;
+    for (const auto& piece : pieces) n += piece.second;
     std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
     const size_t prefix = 10;  // magic (6) + version (2) + header length (2)
     header.append(63 - (prefix + header.size()) % 64, ' ');
@@ -504,8 +510,8 @@ inline void npy_write_f32(const std::string& path, const float* data, size_t n) 
     std::FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) throw UserError(path + ": cannot write (" + std::strerror(errno) + ")");
     bool ok = std::fwrite(pre, 1, prefix, f) == prefix &&
-              std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
-              std::fwrite(data, sizeof(float), n, f) == n;
+              std::fwrite(header.data(), 1, header.size(), f) == header.size();
+    for (const auto& piece : pieces) ok = ok && std::fwrite(piece.first, sizeof(float), piece.second, f) == piece.second;
     int err = errno;
     ok = (std::fclose(f) == 0) && ok;
     if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -516,6 +522,10 @@ inline void npy_write_f32(const std::string& path, const float* data, size_t n) 
         std::remove(tmp.c_str());
         throw UserError(path + ": write failed (" + std::strerror(err ? err : errno) + "); check the free space");
     }
+}
+
+inline void npy_write_f32(const std::string& path, const float* data, size_t n) {
+    npy_write_f32(path, FloatPieces{{data, n}});
 }
 
 }  // namespace edgefl
