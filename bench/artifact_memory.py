@@ -1,46 +1,42 @@
 """What an exported artifact set costs a device: peak RSS, step time, bytes, vs the cost model.
 
-    .venv/bin/python bench/artifact_memory.py [--backends ort,torch,executorch] [--models resnet20,cnn,transformer]
+    .venv/bin/python bench/artifact_memory.py [--backends ort,torch,executorch]
+                                              [--models resnet20,cnn,transformer,vgg11bn,densenet40,vit]
                                               [--configs K:S,...] [--steps 20] [--context 256]
                                               [--eval-examples N] [--no-fit]
 
-For each model (zoo defaults; ResNet-20 3x32x32, the CNN 1x28x28, the transformer LM) and each backend whose
-export module and trainer exist, over a grid of frozen prefix K x head width S (SLT-style: head_start = K + 1;
-all-but-head has no hidden layer left to narrow): export the set, then train it `--steps` steps at batch 32
-in a fresh device process exactly as a device runs it (`edgefl-device train --format json`: glibc's mmap
-threshold fixed at 128 KiB, one thread, torch blocked for ORT, data read a batch at a time, and its default
-evaluation before and after training on the first 256 examples: the evaluation and the first step are part
-of the peak a device sees; `--eval-examples 0` measures training alone) on 256 random examples, and record
-its peak RSS (VmHWM), step time, the artifact bytes (suffix + prefix), the upload bytes and the cost model's
-predicted peak. ORT and torch: K in {0, middle, all-but-head} x S in {0.25, 1}; the CNN (4 layers): K in
-{0, 1, 3} (GRID).
+For each model (zoo defaults: ResNet-20, VGG-11-BN, DenseNet-40 and the ViT on 3x32x32, the CNN on 1x28x28,
+the transformer LM) and each backend whose export module and trainer exist, over a grid of frozen prefix K x
+head width S (SLT-style: head_start = K + 1; all-but-head has no hidden layer left to narrow): export the
+set, then train it `--steps` steps at batch 32 in a fresh device process exactly as a device runs it
+(`edgefl-device train --format json`: glibc's mmap threshold fixed at 128 KiB, one thread, torch blocked
+for ORT, data read a batch at a time, and its default evaluation before and after training on the first 256
+examples: the evaluation and the first step are part of the peak a device sees; `--eval-examples 0`
+measures training alone) on 256 random examples, and record its peak RSS (VmHWM), step time, the artifact
+bytes (suffix + prefix), the upload bytes and the cost model's predicted peak. Grid: K in {0, middle,
+all-but-head} x S in {0.25, 0.5, 1} (GRID: the CNN's 4 layers: K in {0, 1, 3}).
 
-ExecuTorch: the row is the native trainer (`edgefl-et-train`, the default path of `edgefl-device train`)
-and, on the same set in the same run, the Python ExecuTorch trainer (`--trainer python`, which imports
-torch); the row adds the analytic floor (weights trained + frozen, gradients, optimizer state, kept
-activations and one input batch: edgefl.cost's Cost fields), `native_over_floor_plus_16MiB` = native peak /
-(1.3 floor + 16 MiB) (goal <= 1), `native_over_python` (goal <= 0.25), the programs' memory-planned arena
-and the cost model's live-bytes peak of the step. Each ResNet-20 suffix export takes about a minute in
-ExecuTorch's toolchain, so its grid is tight (EXECUTORCH_GRID; `--configs` overrides every model's grid):
-`--backends executorch --models resnet20,cnn` takes about 5 minutes on 2 cores.
+ExecuTorch: the row is the native trainer (`edgefl-et-train`, the default path of `edgefl-device train`);
+for the goal models (ResNet-20 and the CNN: GOAL_MODELS) also, on the same set in the same run, the Python
+ExecuTorch trainer (`--trainer python`, which imports torch), and the analytic floor (weights trained +
+frozen, gradients, optimizer state, kept activations and one input batch: edgefl.cost's Cost fields),
+`native_over_floor_plus_16MiB` = native peak / (1.3 floor + 16 MiB) (goal <= 1) and `native_over_python`
+(goal <= 0.25). Every ExecuTorch row has the programs' memory-planned arena. A full ResNet-20 suffix export
+takes about two minutes in ExecuTorch's toolchain: the whole run takes about two hours on 2 cores.
 
-Constants (edgefl/calibration.py) fitted here, both runtimes the same way (upper_bound_summary):
-* `baseline_bytes` measured. ort: RSS of a fresh process importing onnxruntime through the torch-free shim
-  and opening one session. executorch (the native trainer): the peak RSS of a fresh `edgefl-et-train
-  --version` under GNU time: its libraries loaded and kernels registered, no program: what every native
-  process holds before any model.
-* workspace fitted as an upper bound ("a plan is a promise"): for each workspace_factor on a grid (up to
-  MAX_FACTOR), the least-squares fixed term (relative error of the peak) raised by the worst
-  under-prediction plus a margin (every row then predicts >= measured + max(2% of it, 1 MiB)); the factor
-  whose bound has the least squared relative error is kept. Then leave-one-family-out: fitted on the other
-  model families' rows, checked on the held-out family's (measured / predicted).
-Rows keep the prediction under the constants in force when the bench ran and under the fitted ones, and
-measured / predicted under the fitted ones.
+Constants (edgefl/calibration.py) fitted here for ort and executorch (edgefl.upper_bound, "a plan is a
+promise"): `baseline_bytes` measured (ort: RSS of a fresh process importing onnxruntime through the
+torch-free shim and opening one session; executorch: the peak RSS of a fresh `edgefl-et-train --version`
+under GNU time, its libraries loaded and kernels registered, no program); the workspace factor, the
+per-byte weight copies (trained, frozen) and the fixed term fitted as an upper bound: every row predicts >=
+measured + max(2% of it, 1 MiB), with the smallest measured / predicted as large as the grid allows. Then
+leave-one-family-out: fitted on the other model families' rows, checked on the held-out family's. torch rows
+are reported under the constants in force: bench/memory_model.py fits torch on them and its own peaks.
 
 Writes bench/results/artifact_memory.json, merged: rows and headline keys of backends this run did not
 measure are kept, and `runs` says which run measured which backends. Headlines:
 `ort_all_but_head_over_full_resnet20`, per runtime the fitted constants (`<runtime>_constants`), the fit's
-measured/predicted range (`<runtime>_fit`) and `<runtime>_leave_one_family_out`; `executorch_goals`.
+measured/predicted band (`<runtime>_fit`) and `<runtime>_leave_one_family_out`; `executorch_goals`.
 """
 from __future__ import annotations
 
@@ -62,24 +58,24 @@ sys.path.insert(0, str(ROOT))
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants  # noqa: E402
 from edgefl.cost import Cost, cost, step_peak_bytes  # noqa: E402
+from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound, grid, predict  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
 MiB = 2**20
 BATCH = 32
-WIDTHS = (0.25, 1.0)
+WIDTHS = (0.25, 0.5, 1.0)
+MODELS = "resnet20,cnn,transformer,vgg11bn,densenet40,vit"
 EVAL_EXAMPLES = 256      # examples in the data file: `edgefl-device train`'s default evaluation runs on all of them
 # frozen prefix:head width grids where a model's default (K in {0, L//2, L-1}) is not the one measured: the CNN
 # (4 layers) trained from the input, after its first conv and all-but-head
-GRID = {"cnn": "0:1,0:0.25,1:1,1:0.25,3:1"}
-# ExecuTorch rows: the full model, width 0.25 trained from the input and after the middle (ResNet-20) or the
-# first conv (CNN), and all-but-head
-EXECUTORCH_GRID = {"resnet20": "0:1,0:0.25,10:0.25,19:1", "cnn": GRID["cnn"]}
-MARGIN_FRACTION, MARGIN_BYTES = 0.02, MiB     # an upper bound's slack over every measured peak
-# workspace_factor grid's end per runtime: ExecuTorch's planned arenas hold im2col buffers, several times the
-# live-bytes peak
-MAX_FACTOR = {"ort": 4.0, "executorch": 8.0}
+GRID = {"cnn": "0:1,0:0.5,0:0.25,1:1,1:0.5,1:0.25,3:1"}
+GOAL_MODELS = ("resnet20", "cnn")     # issue goals for the native ExecuTorch trainer, measured against Python
+# fitting grids per runtime: the workspace factor (ExecuTorch's arenas hold im2col chunks, several times the
+# live-bytes peak on small sets), bytes per trained and per frozen weight byte
+MAX_FACTOR = {"ort": 4.0, "executorch": 6.0}
+TRAINED_COPIES, FROZEN_COPIES = grid(4.0, 0.1), grid(3.0, 0.1)
 FLOOR_SLACK, FLOOR_FIXED = 1.3, 16 * MiB       # native_over_floor_plus_16MiB = peak / (1.3 floor + 16 MiB)
 GOALS = {"native_over_floor_plus_16MiB": 1.0, "native_over_python": 0.25}
 
@@ -94,10 +90,10 @@ def built(backend: str) -> bool:
                for m in (_BACKENDS[backend][0], _TRAINERS[backend][0], *_BACKENDS[backend][3]))
 
 
-def configs(L: int, grid: str | None = None) -> list[TrainConfig]:
-    """`grid` "K:S,...", else K in {0, L//2, L-1} x WIDTHS (width 1 only for all-but-head)."""
-    if grid:
-        pairs = [(int(k), float(s)) for k, s in (p.split(":") for p in grid.split(","))]
+def configs(L: int, pairs_text: str | None = None) -> list[TrainConfig]:
+    """`pairs_text` "K:S,...", else K in {0, L//2, L-1} x WIDTHS (width 1 only for all-but-head)."""
+    if pairs_text:
+        pairs = [(int(k), float(s)) for k, s in (p.split(":") for p in pairs_text.split(","))]
     else:
         pairs = [(k, s) for k in (0, L // 2, L - 1) for s in (WIDTHS if k + 1 < L else (1.0,))]
     return [TrainConfig(num_layers=L, frozen_prefix=k, head_start=None if s == 1 else k + 1, head_width=s,
@@ -212,35 +208,19 @@ def planned_arena(folder: Path) -> int | None:
         return None
 
 
-def _predict(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants) -> list[int]:
-    return [predicted_peak(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), runtime, k)
-            for r in rows]
+def row_terms(rows: list[dict], store: ProfileStore, runtime: str) -> list:
+    return [row_cost(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), runtime,
+                     DEFAULTS[runtime]).terms for r in rows]
 
 
-def fit(rows: list[dict], store: ProfileStore, baseline: int, runtime: str = "ort",
-        upper: bool = False, max_factor: float = 3.0) -> RuntimeConstants:
-    """workspace_factor c on a grid (0.01 steps up to `max_factor`); for each, the workspace_fixed_bytes F >= 0
-    minimising the summed squared relative error of the predicted peak is closed-form (the peak is F plus a
-    part that does not depend on F). `upper`: F is then raised by the worst under-prediction plus the margin,
-    so every row predicts >= measured + max(MARGIN_FRACTION of it, MARGIN_BYTES). Keep the best (F, c)."""
-    best = None
-    ms = [r["peak_rss_bytes"] for r in rows]
-    for step in range(0, int(round(max_factor * 100)) + 1):
-        c = step / 100
-        rest = _predict(rows, store, runtime, replace(DEFAULTS[runtime], baseline_bytes=baseline,
-                                                      workspace_fixed_bytes=0, workspace_factor=c))
-        F = max(0.0, sum((m - q) / m**2 for m, q in zip(ms, rest)) / sum(1 / m**2 for m in ms))
-        if upper:
-            F = math.ceil(F + max(0.0, max(m + max(MARGIN_FRACTION * m, MARGIN_BYTES) - q - F
-                                           for m, q in zip(ms, rest))))
-        sse = sum(((q + F - m) / m) ** 2 for m, q in zip(ms, rest))
-        if best is None or sse < best[0]:
-            best = (sse, int(F), c)
-    _, F, c = best
-    how = (f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(rows)} measured peaks"
-           if upper else f"fit on {len(rows)} measured peaks")
-    return replace(DEFAULTS[runtime], baseline_bytes=baseline, workspace_fixed_bytes=F, workspace_factor=c,
-                   source=f"{how} (bench/artifact_memory.py)")
+def fit(rows: list[dict], store: ProfileStore, baseline: int, runtime: str):
+    """The upper-bound fit of `runtime`'s constants on `rows` (edgefl.upper_bound)."""
+    base = replace(DEFAULTS[runtime], baseline_bytes=baseline)
+    return fit_upper_bound(row_terms(rows, store, runtime), [r["peak_rss_bytes"] for r in rows], base,
+                           factors=grid(MAX_FACTOR[runtime], 0.01), trained_copies=TRAINED_COPIES,
+                           frozen_copies=FROZEN_COPIES,
+                           source=f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(rows)} "
+                                  "measured peaks (bench/artifact_memory.py)")
 
 
 def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data: Path, folder: Path,
@@ -265,13 +245,15 @@ def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data:
     if backend != "executorch":
         return row
     row["trainer"] = report.get("trainer")
+    row["planned_arena_bytes"] = planned_arena(folder)
+    if ref.name not in GOAL_MODELS:
+        return row
     python = train_on_device(folder, data, steps, trainer="python", eval_examples=eval_examples)
     row.update({f"python_{k}": python[k] for k in ("peak_rss_bytes", "loaded_rss_bytes", "step_seconds",
                                                    "first_step_loss", "last_step_loss")})
     row["python_error_before_fit"] = (row["predicted_peak_bytes"] - python["peak_rss_bytes"]) / python["peak_rss_bytes"]
     row["native_over_python"] = row["peak_rss_bytes"] / python["peak_rss_bytes"]
     row.update(floor(store, ref, config))
-    row["planned_arena_bytes"] = planned_arena(folder)
     row["native_over_floor_plus_16MiB"] = row["peak_rss_bytes"] / (FLOOR_SLACK * row["floor_bytes"] + FLOOR_FIXED)
     return row
 
@@ -279,12 +261,14 @@ def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data:
 def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, binary: Path, fitting: bool) -> dict:
     """Goals, the baseline and its alternative, the upper-bound fit, and the fit on one family checked on the
     other; adds the fitted prediction to every row."""
+    goal_rows = [r for r in rows if r["model"] in GOAL_MODELS]
     out = {"executorch_goals": {
-        goal: {"limit": limit, "worst": max(r[goal] for r in rows), "holds": all(r[goal] <= limit for r in rows)}
-        for goal, limit in GOALS.items()}}
-    smallest = min(rows, key=lambda r: r["peak_rss_bytes"])
-    alternative = (smallest["loaded_rss_bytes"] - smallest["floor_parts"]["weights_trained"]
-                   - smallest["floor_parts"]["weights_frozen"])
+        goal: {"limit": limit, "worst": max(r[goal] for r in goal_rows), "holds": all(r[goal] <= limit for r in goal_rows),
+               "rows": len(goal_rows)}
+        for goal, limit in GOALS.items()}} if goal_rows else {}
+    smallest = min(goal_rows or rows, key=lambda r: r["peak_rss_bytes"])
+    parts = floor(store, ModelRef.from_json(smallest["ref"]), TrainConfig.from_json(smallest["config"]))["floor_parts"]
+    alternative = smallest["loaded_rss_bytes"] - parts["weights_trained"] - parts["weights_frozen"]
     how = f"peak RSS of a fresh '{binary.name} --version' under GNU time (median of 3)"
     if baseline is None:
         baseline, how = alternative, "no GNU time here: the smallest set's loaded RSS less its weights"
@@ -300,62 +284,106 @@ def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, bin
 def upper_bound_summary(runtime: str, rows: list[dict], store: ProfileStore, baseline: int) -> dict:
     """The upper-bound fit of `runtime`'s constants on its rows (each row gets its fitted prediction and
     measured/predicted) and, leaving each model family out in turn, the fit on the others checked on it."""
-    fitted = fit(rows, store, baseline, runtime, upper=True, max_factor=MAX_FACTOR[runtime])
-    for r, q in zip(rows, _predict(rows, store, runtime, fitted)):
+    fitted = fit(rows, store, baseline, runtime)
+    for r, q, ratio in zip(rows, predict(row_terms(rows, store, runtime), fitted.constants), fitted.ratios):
         r["predicted_peak_bytes_fitted"] = q
-        r["measured_over_predicted"] = r["peak_rss_bytes"] / q
+        r["measured_over_predicted"] = ratio
         r["error_after_fit"] = (q - r["peak_rss_bytes"]) / r["peak_rss_bytes"]
-    ratios = [r["measured_over_predicted"] for r in rows]
-    out = {f"{runtime}_constants": asdict(fitted),
+    low, high = fitted.band
+    out = {f"{runtime}_constants": asdict(fitted.constants),
            f"{runtime}_fit": {"rows": len(rows), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
-                              "measured_over_predicted_max": max(ratios), "measured_over_predicted_min": min(ratios),
+                              "measured_over_predicted_max": high, "measured_over_predicted_min": low,
                               "worst_peak_error_before_fit": max(abs(r["error_before_fit"]) for r in rows)}}
-    families = sorted({r["model"] for r in rows})
+    families = sorted({family(r["model"]) for r in rows})
     if len(families) > 1:   # out of sample: fitted on the other families' peaks, checked on the held-out one's
         cross = {}
         for name in families:
-            fitted_on = [r for r in rows if r["model"] != name]
-            k = fit(fitted_on, store, baseline, runtime, upper=True, max_factor=MAX_FACTOR[runtime])
-            held = [r for r in rows if r["model"] == name]
-            got = [r["peak_rss_bytes"] / q for r, q in zip(held, _predict(held, store, runtime, k))]
-            cross[f"held_out_{name}"] = {"fit_on": sorted({r["model"] for r in fitted_on}),
-                                         "constants": [k.workspace_fixed_bytes, k.workspace_factor],
+            fitted_on = [r for r in rows if family(r["model"]) != name]
+            k = fit(fitted_on, store, baseline, runtime).constants
+            held = [r for r in rows if family(r["model"]) == name]
+            got = [r["peak_rss_bytes"] / q for r, q in zip(held, predict(row_terms(held, store, runtime), k))]
+            cross[f"held_out_{name}"] = {"fit_on": sorted({family(r["model"]) for r in fitted_on}),
+                                         "constants": {f: getattr(k, f) for f in FITTED},
                                          "measured_over_predicted_max": max(got),
                                          "measured_over_predicted_min": min(got)}
         out[f"{runtime}_leave_one_family_out"] = cross
     return out
 
 
-def merge(path: Path, result: dict, backends: list[str]) -> dict:
-    """The new result over the file's: rows of backends not measured now are kept, so are headline keys this run
-    does not write; `runs` says which run measured which backends."""
-    this_run = {k: result.pop(k) for k in ("backends_measured", "date", "steps", "models", "machine",
-                                           "runtime_seconds")}
-    if not path.is_file():
-        return {**result, **{k: v for k, v in this_run.items() if k != "backends_measured"}, "runs": [this_run]}
-    old = json.loads(path.read_text())
-    runs = old.get("runs") or [{"backends_measured": old.get("backends", []),
-                                **{k: old[k] for k in ("date", "steps", "machine", "runtime_seconds") if k in old},
-                                "models": sorted({r["model"] for r in old.get("rows", [])})}]
-    runs = [r for r in runs if set(r["backends_measured"]) - set(backends)] + [this_run]
-    kept = [r for r in old.get("rows", []) if r["backend"] not in backends]
-    merged = {**{k: v for k, v in old.items() if k.split("_")[0] not in backends}, **result}
-    if not kept:     # this run measured everything the file held
-        merged.update({k: v for k, v in this_run.items() if k != "backends_measured"})
-    merged["backends"] = list(dict.fromkeys(old.get("backends", []) + backends))
-    merged["backends_not_built"] = sorted(set(old.get("backends_not_built", [])) - set(backends)
-                                          | set(result["backends_not_built"]))
-    for key in ("versions", "constants_before_fit"):
-        merged[key] = {**old.get(key, {}), **result[key]}
-    merged["runs"] = runs
-    merged["rows"] = kept + result["rows"]
-    return merged
+FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies")
+
+
+def family(model: str) -> str:
+    """ResNets of every depth are one family."""
+    return "resnet" if model.startswith("resnet") else model
+
+
+def row_key(r: dict) -> tuple:
+    return r["backend"], r["model"], json.dumps(r["config"], sort_keys=True)
+
+
+def merge_rows(path: Path, rows: list[dict], run: dict) -> tuple[list[dict], list[dict], dict]:
+    """The file's rows with this run's in place of the same (backend, model, config), its runs plus this one,
+    and the file's other keys."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    mine = {row_key(r) for r in rows}
+    kept = [r for r in old.get("rows", []) if row_key(r) not in mine]
+    return kept + rows, old.get("runs", []) + [run], old
+
+
+def summaries(rows: list[dict], backends: list[str], store: ProfileStore, baselines: dict, binary,
+              fitting: bool) -> dict:
+    """Headline keys of `backends` from every row of theirs (module doc)."""
+    out = {}
+    ok = [r for r in rows if "error" not in r]
+    full = next((r for r in ok if r["model"] == "resnet20" and r["backend"] == "ort" and r["frozen_prefix"] == 0
+                 and r["head_width"] == 1), None)
+    head = next((r for r in ok if r["model"] == "resnet20" and r["backend"] == "ort"
+                 and r["frozen_prefix"] == TrainConfig.from_json(r["config"]).num_layers - 1), None)
+    ort_rows = [r for r in ok if r["backend"] == "ort"]
+    if "ort" in backends and ort_rows:
+        if full and head:
+            out["ort_all_but_head_over_full_resnet20"] = head["peak_rss_bytes"] / full["peak_rss_bytes"]
+        out["ort_baseline_bytes"] = baselines["ort"]
+        if fitting:
+            out.update(upper_bound_summary("ort", ort_rows, store, baselines["ort"]))
+    torch_rows = [r for r in ok if r["backend"] == "torch"]
+    if "torch" in backends and torch_rows:      # fitted by bench/memory_model.py, on these rows and its own
+        for r in torch_rows:
+            r["measured_over_predicted"] = r["peak_rss_bytes"] / r["predicted_peak_bytes"]
+        ratios = [r["measured_over_predicted"] for r in torch_rows]
+        out["torch_under_constants"] = {"rows": len(torch_rows), "measured_over_predicted_min": min(ratios),
+                                        "measured_over_predicted_max": max(ratios)}
+    et_rows = [r for r in ok if r["backend"] == "executorch"]
+    if "executorch" in backends and et_rows:
+        out.update(executorch_summary(et_rows, store, baselines["executorch"], binary, fitting))
+    return out
+
+
+HEADLINES = ("ort_all_but_head_over_full_resnet20", "ort_baseline_bytes", "ort_constants", "ort_fit",
+             "ort_leave_one_family_out", "torch_under_constants", "executorch_goals", "executorch_baseline",
+             "executorch_constants", "executorch_fit", "executorch_leave_one_family_out")
+
+
+def refit(path: Path, backends: list[str]) -> int:
+    """The summaries again from the file's rows and measured baselines, nothing measured."""
+    data = json.loads(path.read_text())
+    baselines = {"ort": data.get("ort_baseline_bytes"),
+                 "executorch": (data.get("executorch_baseline") or {}).get("baseline_bytes")}
+    binary = Path((data.get("executorch_baseline") or {}).get("native_trainer_build", "edgefl-et-train"))
+    backends = [b for b in backends if b == "torch" or baselines.get(b) is not None]
+    data.update(summaries(data["rows"], backends, ProfileStore(persist=False), baselines, binary, True))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    for key in HEADLINES:
+        if key in data and key.split("_")[0] in backends:
+            print(f"{key}: {data[key]}")
+    return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="ort,torch,executorch")
-    ap.add_argument("--models", default="resnet20,cnn,transformer")
+    ap.add_argument("--models", default=MODELS)
     ap.add_argument("--configs", help="frozen prefix:head width pairs for every model, e.g. 0:1,19:1 (default: "
                                       "each backend's grid)")
     ap.add_argument("--steps", type=int, default=20)
@@ -363,8 +391,11 @@ def main(argv=None) -> int:
                                                           f"{EVAL_EXAMPLES}, on the data's {EVAL_EXAMPLES} examples)")
     ap.add_argument("--context", type=int, help="transformer context (default: the zoo's)")
     ap.add_argument("--no-fit", action="store_true", help="do not fit the runtimes' constants")
+    ap.add_argument("--refit", action="store_true", help="no measuring: the summaries again from --output's rows")
     ap.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "artifact_memory.json")
     args = ap.parse_args(argv)
+    if args.refit:
+        return refit(args.output, args.backends.split(","))
 
     import torch
 
@@ -395,8 +426,7 @@ def main(argv=None) -> int:
             data = write_data(ref, tmp)
             L = store.full(ref).num_layers
             for backend in backends:
-                grid = args.configs or (EXECUTORCH_GRID if backend == "executorch" else GRID).get(name)
-                for config in configs(L, grid):
+                for config in configs(L, args.configs or GRID.get(name)):
                     folder = tmp / f"{name}-{config.hash()}-{backend}"
                     try:
                         row = measure(backend, ref, config, state, data, folder, args.steps, store,
@@ -411,7 +441,7 @@ def main(argv=None) -> int:
                     rows.append(row)
                     if "error" not in row:
                         extra = (f"  python {row['python_peak_rss_bytes'] / MiB:6.1f} MiB  floor "
-                                 f"{row['floor_bytes'] / MiB:6.1f} MiB" if backend == "executorch" else "")
+                                 f"{row['floor_bytes'] / MiB:6.1f} MiB" if "floor_bytes" in row else "")
                         print(f"{name:<12} k={config.frozen_prefix:<2} s={config.head_width:<4g} {backend:<10} "
                               f"peak {row['peak_rss_bytes'] / MiB:7.1f} MiB "
                               f"(predicted {row['predicted_peak_bytes'] / MiB:7.1f}) "
@@ -419,36 +449,23 @@ def main(argv=None) -> int:
                               f"MiB  upload {row['upload_bytes'] / MiB:6.2f} MiB{extra}", flush=True)
                     torch.set_num_threads(1)
 
-    result = {"backends_measured": backends, "date": time.strftime("%Y-%m-%d"), "steps": args.steps,
-              "models": args.models.split(","),
-              "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
-              "batch_size": BATCH, "backends": backends, "backends_not_built": missing,
-              "versions": {b: get_backend(b).versions() for b in backends}}
-    ok = [r for r in rows if "error" not in r]
-    full = next((r for r in ok if r["model"] == "resnet20" and r["backend"] == "ort" and r["frozen_prefix"] == 0
-                 and r["head_width"] == 1), None)
-    head = next((r for r in ok if r["model"] == "resnet20" and r["backend"] == "ort"
-                 and r["frozen_prefix"] == TrainConfig.from_json(r["config"]).num_layers - 1), None)
-    if full and head:
-        result["ort_all_but_head_over_full_resnet20"] = head["peak_rss_bytes"] / full["peak_rss_bytes"]
-    ort_rows = [r for r in ok if r["backend"] == "ort"]
-    if ort_rows:
-        result["ort_baseline_bytes"] = baseline["ort"]
-    if ort_rows and not args.no_fit:
-        result.update(upper_bound_summary("ort", ort_rows, store, baseline["ort"]))
-    et_rows = [r for r in ok if r["backend"] == "executorch"]
-    if et_rows:
-        result.update(executorch_summary(et_rows, store, baseline["executorch"], binary, not args.no_fit))
-    result["constants_before_fit"] = {b: asdict(DEFAULTS[b]) for b in backends}
-    result["runtime_seconds"] = round(time.time() - started, 1)
-    result["rows"] = rows
+    run = {"backends_measured": backends, "models": args.models.split(","), "date": time.strftime("%Y-%m-%d"),
+           "steps": args.steps, "rows": len(rows), "runtime_seconds": round(time.time() - started, 1),
+           "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}}
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    result = merge(args.output, result, backends)
+    all_rows, runs, old = merge_rows(args.output, rows, run)
+    result = {**old, "batch_size": BATCH, "runs": runs, "backends": sorted({r["backend"] for r in all_rows}),
+              "backends_not_built": missing,
+              "versions": {**old.get("versions", {}), **{b: get_backend(b).versions() for b in backends}},
+              "constants_before_fit": {**old.get("constants_before_fit", {}),
+                                       **{b: asdict(DEFAULTS[b]) for b in backends}}}
+    if "executorch" in backends and baseline["executorch"] is None:
+        baseline["executorch"] = (old.get("executorch_baseline") or {}).get("baseline_bytes")
+    result.update(summaries(all_rows, backends, store, baseline, binary, not args.no_fit))
+    result["rows"] = all_rows
     args.output.write_text(json.dumps(result, indent=1) + "\n")
-    for key in ("ort_all_but_head_over_full_resnet20", "ort_baseline_bytes", "ort_constants", "ort_fit",
-                "ort_leave_one_family_out", "executorch_goals",
-                "executorch_baseline", "executorch_constants", "executorch_fit", "executorch_leave_one_family_out"):
-        if key in result and (key.split("_")[0] in backends):
+    for key in HEADLINES:
+        if key in result and key.split("_")[0] in backends:
             print(f"{key}: {result[key]}")
     print(f"wrote {args.output.relative_to(ROOT) if args.output.is_relative_to(ROOT) else args.output} "
           f"in {time.time() - started:.0f}s")

@@ -16,9 +16,13 @@ scaled by s, trained to the end; k = L-1 has no head to scale), s in {0.125, 0.2
   batch-32 peaks are measured once more under glibc's default policy (`default_allocator` in the output)
   to show what fragmentation does to the same predictions.
 
-Writes bench/results/memory_model.json. `--fit` also least-squares-fits the torch runtime's
-`workspace_fixed_bytes` and `workspace_factor` (edgefl/calibration.py) on the fit models' peaks
-(resnet*, cnn) and reports the errors the fitted constants would give on every model.
+Writes bench/results/memory_model.json. `--fit` fits the torch runtime's constants (edgefl/calibration.py)
+as an upper bound ("a plan is a promise", edgefl.upper_bound) on every peak measured here (baseline: the
+torch import RSS measured here, plus the measured growth) and on the torch rows of
+bench/results/artifact_memory.json (`edgefl-device train` on exported torch sets, its evaluation included):
+every peak predicted >= measured + max(2%, 1 MiB); the result has measured / predicted per model family and
+leave-one-family-out (fitted on the other families, checked on the held-out one). `--refit` fits the rows of
+an earlier output without measuring again.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +46,8 @@ from edgefl.calibration import DEFAULTS, RuntimeConstants  # noqa: E402
 from edgefl.cost import cost, step_peak_bytes  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
+from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound, predict  # noqa: E402
+from edgefl.upper_bound import grid as fit_grid  # noqa: E402
 from edgefl.zoo import ModelRef, model_names  # noqa: E402
 
 WIDTHS = (0.125, 0.25, 0.5, 1.0)
@@ -48,7 +55,6 @@ BATCHES = (8, 32)
 PEAK_WIDTHS = (0.125, 1.0)          # widths whose peaks are measured at a sampled prefix
 PEAK_PREFIXES = 6                   # at most this many sampled prefixes per model (all for L <= 20)
 DEFAULT_ALLOCATOR_BATCHES = (32,)   # peaks measured again under glibc's default policy
-FIT_MODELS = ("resnet20", "resnet32", "resnet44", "resnet56", "cnn")
 MiB = 2**20
 
 
@@ -100,33 +106,63 @@ def summary(errors: list[float]) -> tuple[float | None, float | None]:
     return max(a), statistics.median(a)
 
 
-def predicted_training(row: dict, k: RuntimeConstants) -> int:
-    """training_bytes from a row's recorded components under other constants (what --fit tries); the
-    same arithmetic as edgefl.cost.cost."""
-    p = row["predicted"]
-    acts, grads = p["activation_bytes"], p["gradient_bytes"]
-    workspace = (k.workspace_fixed_bytes + row["batch_size"] * row["input_bytes"]
-                 + max(0, int(k.workspace_factor * row["step_peak_bytes"]) - acts - grads))
-    return (p["weights_frozen_bytes"] + p["weights_trained_bytes"] + grads + p["optimizer_bytes"] + acts
-            + workspace)
+def family(model: str) -> str:
+    return "resnet" if model.startswith("resnet") else model
 
 
-def fit(rows: list[dict], base: RuntimeConstants) -> RuntimeConstants:
-    """Least squares on relative error over the fit models' peaks: for each workspace_factor c on a grid,
-    the workspace_fixed_bytes F minimising sum ((pred - meas) / meas)^2 is closed-form (pred is F plus a
-    part that does not depend on F); keep the (F, c) with the smallest sum."""
-    pts = [r for r in rows if r["model"] in FIT_MODELS and r.get("measured_growth_bytes")]
-    best = None
-    for step in range(0, 201):
-        c = 1.0 + step / 200                                    # 1.000 .. 2.000
-        rest = [predicted_training(r, RuntimeConstants(0, 0, c, "")) for r in pts]
-        ms = [r["measured_growth_bytes"] for r in pts]
-        F = sum((m - q) / m ** 2 for m, q in zip(ms, rest)) / sum(1 / m ** 2 for m in ms)
-        sse = sum(((q + F - m) / m) ** 2 for m, q in zip(ms, rest))
-        if best is None or sse < best[0]:
-            best = (sse, int(F), c)
-    _, F, c = best
-    return RuntimeConstants(base.baseline_bytes, F, c, f"fit on {len(pts)} peaks of {', '.join(FIT_MODELS)}")
+def peak_points(rows: list[dict], import_rss: int, store: ProfileStore) -> list[dict]:
+    """Every measured torch peak as {model, where, terms, peak}: this benchmark's (import RSS + growth) and
+    the device rows of bench/results/artifact_memory.json."""
+    points = []
+    for r in rows:
+        if r.get("measured_growth_bytes"):
+            points.append({"model": r["model"], "where": "emulation", "config": r["config"], "ref": r["ref"],
+                           "peak": import_rss + r["measured_growth_bytes"]})
+    device = ROOT / "bench" / "results" / "artifact_memory.json"
+    if device.is_file():
+        for r in json.loads(device.read_text())["rows"]:
+            if r["backend"] == "torch" and "error" not in r:
+                points.append({"model": r["model"], "where": "device", "config": r["config"], "ref": r["ref"],
+                               "peak": r["peak_rss_bytes"]})
+    for p in points:
+        config, ref = TrainConfig.from_json(p["config"]), ModelRef.from_json(p["ref"])
+        profile = store.profile(ref, None if config.head_width == 1 else config.widths)
+        p["terms"] = cost(profile, config, "torch", constants=DEFAULTS["torch"]).terms
+    return points
+
+
+def fit(points: list[dict], import_rss: int) -> RuntimeConstants:
+    base = replace(DEFAULTS["torch"], baseline_bytes=import_rss)
+    return fit_upper_bound([p["terms"] for p in points], [p["peak"] for p in points], base,
+                           factors=fit_grid(2.0, 0.01), trained_copies=fit_grid(2.0, 0.1),
+                           frozen_copies=fit_grid(1.0, 0.1),
+                           source=f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(points)} "
+                                  "measured peaks (bench/memory_model.py)").constants
+
+
+def fit_summary(points: list[dict], import_rss: int) -> dict:
+    """The fit on every point, measured / predicted per family and where, and leave-one-family-out."""
+    fitted = fit(points, import_rss)
+    out = {"constants": asdict(fitted), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
+           "points": len(points), "in_sample": {}, "leave_one_family_out": {}}
+    for p, q in zip(points, predict([p["terms"] for p in points], fitted)):
+        p["ratio"] = p["peak"] / q
+    for name in sorted({family(p["model"]) for p in points}):
+        for where in ("emulation", "device"):
+            got = [p["ratio"] for p in points if family(p["model"]) == name and p["where"] == where]
+            if got:
+                out["in_sample"][f"{name}/{where}"] = {"peaks": len(got), "measured_over_predicted_min": min(got),
+                                                       "measured_over_predicted_max": max(got)}
+        k = fit([p for p in points if family(p["model"]) != name], import_rss)
+        held = [p for p in points if family(p["model"]) == name]
+        got = [p["peak"] / q for p, q in zip(held, predict([p["terms"] for p in held], k))]
+        out["leave_one_family_out"][f"held_out_{name}"] = {
+            "constants": {f: getattr(k, f) for f in ("workspace_fixed_bytes", "workspace_factor",
+                                                     "trained_weight_copies", "frozen_weight_copies")},
+            "measured_over_predicted_min": min(got), "measured_over_predicted_max": max(got)}
+    ratios = [p["ratio"] for p in points]
+    out["measured_over_predicted_min"], out["measured_over_predicted_max"] = min(ratios), max(ratios)
+    return out
 
 
 def main(argv=None) -> int:
@@ -140,9 +176,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-peaks", action="store_true", help="activation bytes only")
     ap.add_argument("--no-default-allocator", action="store_true",
                     help="skip the peaks under glibc's default allocator policy")
-    ap.add_argument("--fit", action="store_true", help="fit the torch workspace constants on resnet/cnn peaks")
+    ap.add_argument("--fit", action="store_true", help="fit the torch constants as an upper bound on every peak")
+    ap.add_argument("--refit", action="store_true", help="no measuring: fit the rows of the existing --output")
     ap.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "memory_model.json")
     args = ap.parse_args(argv)
+    if args.refit:
+        return refit(args.output)
 
     import torch
 
@@ -256,15 +295,7 @@ def main(argv=None) -> int:
         "rows": rows,
     }
     if args.fit and not args.no_peaks:
-        fitted = fit(rows, RuntimeConstants(import_rss, 0, 0.0, ""))
-        errs = {}
-        for name in names:
-            e = [rel_error(predicted_training(r, fitted), r["measured_growth_bytes"])
-                 for r in rows if r["model"] == name and r.get("measured_growth_bytes")]
-            errs[name] = dict(zip(("max", "median"), summary(e)))
-        result["fit"] = {"baseline_bytes": import_rss, "workspace_fixed_bytes": fitted.workspace_fixed_bytes,
-                         "workspace_factor": fitted.workspace_factor, "source": fitted.source,
-                         "training_bytes_error": errs}
+        result["fit"] = fit_summary(peak_points(rows, import_rss, store), import_rss)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=1))
 
@@ -280,12 +311,29 @@ def main(argv=None) -> int:
     print(f"{'all':<12} {fmt(amax)} {fmt(amed)} {fmt(tmax)}  {fmt(tmed)}  {fmt(dmax)}  {fmt(dmed)}")
     print(f"torch import RSS {import_rss / MiB:.1f} MiB; constants {constants}")
     if "fit" in result:
-        f = result["fit"]
-        print(f"fit: workspace_fixed_bytes={f['workspace_fixed_bytes']} ({f['workspace_fixed_bytes'] / MiB:.1f} MiB), "
-              f"workspace_factor={f['workspace_factor']}")
-        for name, e in f["training_bytes_error"].items():
-            print(f"   {name:<12} max {fmt(e['max'])} median {fmt(e['median'])}")
+        print_fit(result["fit"])
     print(f"wrote {args.output} in {result['runtime_seconds']:.0f}s")
+    return 0
+
+
+def print_fit(f: dict) -> None:
+    k = f["constants"]
+    print(f"upper-bound fit on {f['points']} peaks: fixed {k['workspace_fixed_bytes'] / MiB:.1f} MiB, factor "
+          f"{k['workspace_factor']}, trained copies {k['trained_weight_copies']}, frozen copies "
+          f"{k['frozen_weight_copies']}; measured/predicted {f['measured_over_predicted_min']:.3f}.."
+          f"{f['measured_over_predicted_max']:.3f}")
+    for key, v in {**f["in_sample"], **f["leave_one_family_out"]}.items():
+        print(f"   {key:<24} {v['measured_over_predicted_min']:.3f}..{v['measured_over_predicted_max']:.3f}")
+
+
+def refit(path: Path) -> int:
+    result = json.loads(path.read_text())
+    store = ProfileStore(persist=False)
+    result["fit"] = fit_summary(peak_points(result["rows"], result["torch_import_rss_bytes"], store),
+                                result["torch_import_rss_bytes"])
+    path.write_text(json.dumps(result, indent=1))
+    print_fit(result["fit"])
+    print(f"wrote {path}")
     return 0
 
 

@@ -138,6 +138,7 @@ class DeviceAgent:
         report.status, report.examples = "ok", r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
         report.tensors = unflatten(suffix.trainable, buffer)
+        # what calibration checks against the plan (edgefl.calibrate): the batch trained and how data was read
         report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"], torch_loaded=r["torch_loaded"],
-                              trainer=r.get("trainer", "python"))
+                              trainer=r.get("trainer", "python"), batch_size=r["batch_size"], data_read=r["data_read"])
         return report, suffix.trainable

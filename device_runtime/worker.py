@@ -49,7 +49,8 @@ def train(spec: dict) -> dict:
             losses.append(float(trainer.train_step(x[idx], np.asarray(y[idx], np.int64).reshape(-1), spec["lr"])))
     buffer = trainer.upload_buffer()
     np.save(spec["out"], buffer)
-    return {"runtime": trainer.runtime, "steps": len(losses), "examples": used,
+    return {"runtime": trainer.runtime, "steps": len(losses), "examples": used, "batch_size": trainer.batch_size,
+            "data_read": "batch",      # load_data reads a batch at a time (edgefl.device_runtime.local_data)
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "upload_bytes": int(buffer.nbytes), "peak_rss_bytes": vm_status("VmHWM"),
             "wall_s": time.perf_counter() - t0,

@@ -1,28 +1,36 @@
-"""Close the loop: fit each runtime's overhead constant from what devices really used.
+"""Close the loop: fit each runtime's constants to what devices really used, as an upper bound.
 
 A served run's history holds, per round and device, the cost model's predicted peak and the peak RSS the
-device measured for its training process. What the cost model cannot know in advance is a runtime's
-overhead on that kind of device (import and session RSS, allocator arenas, kernel libraries): the part
-of `RuntimeConstants` that does not scale with the model. `fit_overheads` moves each runtime's
-`baseline_bytes` by the median residual (measured - predicted) of its samples: the median, because one
-device with a background service should not move the whole fleet's plan. The workspace terms, fitted on
-controlled measurements (bench/memory_model.py), are kept.
+device measured for its training process; its plan says which config each device trained. What the cost
+model cannot know in advance is a runtime's overhead on that kind of device (allocator arenas, kernel
+libraries, what its OS maps in): the level of `RuntimeConstants`, not its shape. `fit_overheads` keeps the
+shape the memory benchmarks fitted on many configs (workspace factor, weight copies) and refits the
+fixed term the way they fit it (edgefl.upper_bound): the least one under which every measured peak is
+predicted with its margin. The worst device sets it, not the median: a plan is a promise.
 
-The result is a calibration file (`{"schema", "runtimes": {name: {baseline_bytes, source}}, "fit": ...}`)
+A peak is evidence only about the plan it was measured under. `samples_from_run` refuses (keeps aside, with
+the reason) a report whose device trained another batch than the plan's config, more examples per pass
+than the plan's `examples`, or read its data other than a batch at a time (an agent holding its share in
+memory measures its data, not the runtime: the calibration would learn the data as overhead and exclude
+groups the plan could keep), and a report that does not say so (an older agent).
+
+The result is a calibration file (`{"schema", "runtimes": {name: {workspace_fixed_bytes, source}}, "fit"}`)
 that `edgefl plan --calibration FILE` reads through `edgefl.calibration.load_calibration`.
 """
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants
+from edgefl.cost import PeakTerms, config_cost
 from edgefl.errors import ConfigError
+from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
 
-SCHEMA = "edgefl.calibration/1"
+SCHEMA = "edgefl.calibration/2"
+DATA_READ = "batch"        # how devices read their data (a report's `data_read`): the one way calibrated
 
 
 @dataclass(frozen=True)
@@ -33,76 +41,169 @@ class PeakSample:
     round: int
     predicted_bytes: int     # the cost model's peak under the constants the run was planned with
     measured_bytes: int      # VmHWM of the device's training process
+    terms: PeakTerms         # that peak as a function of the constants (edgefl.cost.PeakTerms)
+
+
+@dataclass(frozen=True)
+class Refused:
+    device: str
+    round: int
+    reason: str
 
 
 @dataclass(frozen=True)
 class RuntimeFit:
     runtime: str
     samples: int
-    shift_bytes: int                 # added to baseline_bytes
-    error_before: tuple[float, float]   # (median, max) of |measured - predicted| / measured
-    error_after: tuple[float, float]
+    shift_bytes: int                    # added to workspace_fixed_bytes
+    ratio_before: tuple[float, float]   # (min, max) of measured / predicted under the run's constants
+    ratio_after: tuple[float, float]
     constants: RuntimeConstants
 
 
-def _errors(pairs: list[tuple[int, int]]) -> tuple[float, float]:
-    rel = [abs(m - p) / m for p, m in pairs]
-    return statistics.median(rel), max(rel)
+def _band(pairs: list[tuple[int, int]]) -> tuple[float, float]:
+    ratios = [m / p for p, m in pairs]
+    return min(ratios), max(ratios)
 
 
-def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConstants] = DEFAULTS) -> dict[str, RuntimeFit]:
+def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConstants] = DEFAULTS,
+                  runs: str = "") -> dict[str, RuntimeFit]:
     by_runtime: dict[str, list[PeakSample]] = {}
     for s in samples:
-        if s.measured_bytes > 0 and s.predicted_bytes > 0:
+        if s.measured_bytes > 0:
             by_runtime.setdefault(s.runtime, []).append(s)
     fits = {}
     for runtime, rows in sorted(by_runtime.items()):
         if runtime not in base:
             raise ConfigError(f"history names runtime {runtime!r}, which the cost model does not know")
-        shift = int(statistics.median(r.measured_bytes - r.predicted_bytes for r in rows))
         old = base[runtime]
-        new = RuntimeConstants(baseline_bytes=max(0, old.baseline_bytes + shift),
-                               workspace_fixed_bytes=old.workspace_fixed_bytes,
-                               workspace_factor=old.workspace_factor,
-                               source=f"edgefl calibrate: baseline shifted by the median residual of "
-                                      f"{len(rows)} measured device peaks")
-        applied = new.baseline_bytes - old.baseline_bytes
-        before = [(r.predicted_bytes, r.measured_bytes) for r in rows]
-        after = [(r.predicted_bytes + applied, r.measured_bytes) for r in rows]
-        fits[runtime] = RuntimeFit(runtime, len(rows), applied, _errors(before), _errors(after), new)
+        where = f" of {runs}" if runs else ""
+        fit = fit_upper_bound([r.terms for r in rows], [r.measured_bytes for r in rows], old,
+                              source=f"edgefl calibrate: fixed term an upper bound (+{MARGIN_FRACTION:.0%}, >= "
+                                     f"{MARGIN_BYTES >> 20} MiB) on {len(rows)} measured device peaks{where}")
+        before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
+        fits[runtime] = RuntimeFit(runtime, len(rows), fit.constants.workspace_fixed_bytes - old.workspace_fixed_bytes,
+                                   _band(before), fit.band, fit.constants)
     return fits
 
 
-def samples_from_run(run: str | Path) -> list[PeakSample]:
-    """Predicted and measured peaks of every report in a run folder (history.json + plan.json)."""
+def _refusal(plan_batch: int, plan_examples: Optional[int], examples: int, metrics: dict) -> Optional[str]:
+    """Why a report's peak says nothing about the plan's config (None: it does)."""
+    if "data_read" not in metrics or "batch_size" not in metrics:
+        return "the report does not say how the device read its data and at which batch (an older agent)"
+    if metrics["data_read"] != DATA_READ:
+        return f"the device read its data {metrics['data_read']!r}, not a batch at a time: its peak holds its data"
+    if metrics["batch_size"] != plan_batch:
+        return f"trained batches of {metrics['batch_size']}, the plan's config has {plan_batch}"
+    if plan_examples is not None and examples > plan_examples:
+        return f"trained {examples} examples per pass, the plan assumes {plan_examples}"
+    return None
+
+
+def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], list[Refused]]:
+    """Predicted and measured peaks of every report in a run folder (history.json + plan.json), with the
+    config each device trained; and the reports refused, with why (module doc)."""
+    from edgefl.plan import Plan
+    from edgefl.profile import ProfileStore
+
     run = Path(run)
+    store = store or ProfileStore()
     try:
         history = json.loads((run / "history.json").read_text())
-        plan = json.loads((run / "plan.json").read_text())
-        runtime_of = {name: g["runtime"] for name, g in plan["groups"].items()}
-        out = []
+        plan = Plan.read(run / "plan.json")
+        out, refused = [], []
         for record in history["rounds"]:
             measured = record.get("measured_peak_bytes") or {}
+            metrics = record.get("device_metrics") or {}
+            examples = record.get("examples") or {}
             for device, peak in measured.items():
-                group = record["sampled"][device]
-                out.append(PeakSample(runtime_of[group], group, device, record["round"],
-                                      record["predicted_peak_bytes"][device], int(peak)))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+                group = plan.groups[record["sampled"][device]]
+                step = group.step_at(record["round"])
+                configs = step.sequence or (step.config,)
+                costs = [config_cost(store, plan.model, c, group.runtime, DEFAULTS[group.runtime]) for c in configs]
+                config, terms = max(zip(configs, (c.terms for c in costs)), key=lambda ct: ct[1].peak(DEFAULTS[group.runtime]))
+                why = _refusal(config.batch_size, group.examples, int(examples.get(device, 0)), metrics.get(device, {}))
+                if why:
+                    refused.append(Refused(device, record["round"], why))
+                    continue
+                out.append(PeakSample(group.runtime, group.name, device, record["round"],
+                                      record["predicted_peak_bytes"][device], int(peak), terms))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{run}: not a served run with measured peaks ({type(exc).__name__}: {exc}); "
                           "calibrate needs the history.json and plan.json that 'edgefl serve --state DIR' writes") from None
-    if not out:
+    if not out and not refused:
         raise ConfigError(f"{run}/history.json has no measured peak RSS in any report; calibrate needs a run "
                           "served to real devices ('edgefl serve'), not an emulation")
-    return out
+    return out, refused
 
 
-def calibration_json(fits: Mapping[str, RuntimeFit]) -> dict:
+def calibration_json(fits: Mapping[str, RuntimeFit], refused: Iterable[Refused] = ()) -> dict:
     return {
         "schema": SCHEMA,
-        "runtimes": {r: {"baseline_bytes": f.constants.baseline_bytes, "source": f.constants.source}
+        "runtimes": {r: {"workspace_fixed_bytes": f.constants.workspace_fixed_bytes, "source": f.constants.source}
                      for r, f in fits.items()},
         "fit": {r: {"samples": f.samples, "shift_bytes": f.shift_bytes,
-                    "relative_error_before": {"median": f.error_before[0], "max": f.error_before[1]},
-                    "relative_error_after": {"median": f.error_after[0], "max": f.error_after[1]}}
+                    "measured_over_predicted_before": {"min": f.ratio_before[0], "max": f.ratio_before[1]},
+                    "measured_over_predicted_after": {"min": f.ratio_after[0], "max": f.ratio_after[1]}}
                 for r, f in fits.items()},
+        "refused": [{"device": x.device, "round": x.round, "reason": x.reason} for x in refused],
     }
+
+
+def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants]) -> list[str]:
+    """What a calibration file changes against the built-in constants, and why (its fit), one line per runtime."""
+    try:
+        fits = json.loads(Path(path).read_text()).get("fit") or {}
+    except (OSError, ValueError, AttributeError):
+        fits = {}
+    notes = []
+    for runtime, k in constants.items():
+        old = DEFAULTS[runtime]
+        changed = [f for f in FITTED if getattr(k, f) != getattr(old, f)]
+        if not changed:
+            continue
+        what = ", ".join(f"{f} {_show(getattr(old, f))} -> {_show(getattr(k, f))}" for f in changed)
+        fit = fits.get(runtime)
+        why = (f"; measured/predicted on {fit['samples']} device peaks {_band_text(fit['measured_over_predicted_before'])}"
+               f" before, {_band_text(fit['measured_over_predicted_after'])} after" if fit else "")
+        notes.append(f"calibration {path}: {runtime}: {what} ({k.source}{why})")
+    return notes
+
+
+FITTED = ("baseline_bytes", "workspace_fixed_bytes", "workspace_factor", "trained_weight_copies",
+          "frozen_weight_copies")
+
+
+def _show(v) -> str:
+    from edgefl.units import format_bytes
+    return format_bytes(v) if isinstance(v, int) else f"{v:g}"
+
+
+def _band_text(d: dict) -> str:
+    return f"{d['min']:.2f}-{d['max']:.2f}"
+
+
+def plan_changes(without, with_calibration) -> list[str]:
+    """Per group, what the calibration changed in a plan (Plan without it -> with it): admission, the first
+    step's config, its predicted peak. One line per changed group, or one saying nothing changed."""
+    from edgefl.units import format_bytes
+
+    lines = []
+    for name, g in with_calibration.groups.items():
+        old = without.groups.get(name)
+        if old is None:
+            continue
+        if old.excluded != g.excluded:
+            state = {True: "excluded", False: "admitted"}
+            lines.append(f"group {name}: {state[g.excluded]} with the calibration, {state[old.excluded]} without")
+            continue
+        if g.excluded:
+            continue
+        a, b = old.steps[0], g.steps[0]
+        fields = [(f, getattr(a.config, f), getattr(b.config, f)) for f in ("frozen_prefix", "end", "head_width", "rank")]
+        what = [f"{f.replace('_', ' ')} {x} -> {y}" for f, x, y in fields if x != y]
+        if what or len(old.steps) != len(g.steps) or a.predicted.peak_memory_bytes != b.predicted.peak_memory_bytes:
+            what.append(f"predicted peak {format_bytes(a.predicted.peak_memory_bytes)} -> "
+                        f"{format_bytes(b.predicted.peak_memory_bytes)}")
+            lines.append(f"group {name}: " + ", ".join(what))
+    return lines or ["the calibration changes no group's admission or first config"]

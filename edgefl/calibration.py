@@ -30,6 +30,11 @@ class RuntimeConstants:
     # inference, its rows independent: a device running it in such chunks holds one chunk's working set
     # (edgefl.cost.step_peak_bytes). Exported artifacts tell the device (manifest `prefix_batch`).
     prefix_batch: int = 0
+    # bytes the runtime holds per byte of trained parameters beyond the weights, their gradients and the
+    # optimizer state (ORT: its gradient accumulation buffer and the gradient it adds into it), and per
+    # byte of frozen weights beyond the weights (packed copies: XNNPACK's, MLAS's)
+    trained_weight_copies: float = 0.0
+    frozen_weight_copies: float = 0.0
 
 
 DEFAULTS: dict[str, RuntimeConstants] = {

@@ -60,6 +60,7 @@ class RoundRecord:
     failed: dict[str, str] = field(default_factory=dict)      # device -> why it failed the round (e.g. out of memory)
     predicted_peak_bytes: dict[str, int] = field(default_factory=dict)
     measured_peak_bytes: dict[str, int] = field(default_factory=dict)   # peak RSS the device measured
+    examples: dict[str, int] = field(default_factory=dict)              # examples per pass the device trained
     measured_activation_bytes: dict[str, int] = field(default_factory=dict)
     upload_bytes: int = 0
     download_bytes: int = 0
@@ -210,6 +211,7 @@ class Coordinator:
             accepted.add(report.device_id)
             if report.peak_rss_bytes is not None:
                 record.measured_peak_bytes[report.device_id] = report.peak_rss_bytes
+            record.examples[report.device_id] = report.examples
             group = self.group_of[report.device_id]
             record.participating[group] = record.participating.get(group, 0) + 1
             record.upload_bytes += report.upload_bytes

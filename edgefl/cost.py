@@ -7,7 +7,11 @@ activation share of a frozen prefix; plus what a real process adds):
     training_bytes = weights(frozen + trained) + gradients(trained) + optimizer state
                      + activations kept for the trained layers + workspace
     workspace = workspace_fixed + input batch
+                + trained_weight_copies * trained weights + frozen_weight_copies * frozen weights
                 + max(0, workspace_factor * step_peak - activations - gradients)
+
+`Cost.terms` (PeakTerms) states that peak as a function of the runtime constants: what `edgefl calibrate`
+and the memory benchmarks fit (edgefl.upper_bound).
 
 `step_peak_bytes` walks the step's timeline (frozen forward, trained forward, backward, optimizer step)
 with each layer's forward working set, kept activations and gradients: what is alive at once, which is
@@ -36,12 +40,13 @@ What the method extensions of a TrainConfig add (edgefl.trainconfig):
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants
-from edgefl.profile import AuxProfile, LayerProfile, ModelProfile
+from edgefl.profile import AuxProfile, LayerProfile, ModelProfile, ProfileStore
 from edgefl.trainconfig import OPTIMIZER_STATE_SLOTS, TrainConfig
+from edgefl.zoo import ModelRef
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Cost:
     upload_bytes: int
     download_bytes: int
     trained_params: int
+    terms: Optional["PeakTerms"] = field(default=None, compare=False, repr=False)   # the peak, constants apart
 
     @property
     def training_bytes(self) -> int:
@@ -68,7 +74,8 @@ class Cost:
         return self.runtime_baseline_bytes + self.training_bytes
 
     def to_json(self) -> dict:
-        return {**asdict(self), "training_bytes": self.training_bytes, "peak_memory_bytes": self.peak_memory_bytes}
+        d = {k: v for k, v in asdict(self).items() if k != "terms"}
+        return {**d, "training_bytes": self.training_bytes, "peak_memory_bytes": self.peak_memory_bytes}
 
 
 def low_rank_layer(layer: LayerProfile, mode: str, rank: int) -> tuple[LayerProfile, int, float]:
@@ -174,6 +181,43 @@ def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[Au
     return max(peak, grads)
 
 
+@dataclass(frozen=True)
+class PeakTerms:
+    """A config's peak memory as a function of a runtime's constants k (module doc):
+
+        peak = k.baseline_bytes + k.workspace_fixed_bytes + floor + k.trained_weight_copies * trained_param_bytes
+               + k.frozen_weight_copies * frozen_bytes + copies * max(0, k.workspace_factor * step_peak_bytes - kept_bytes)
+
+    `floor`: weights, gradients, optimizer state, kept activations and the input batch; `kept_bytes`: what the
+    step holds anyway (kept activations and gradients of one copy). `step_peak_bytes` is taken at the
+    constants' `prefix_batch`."""
+    floor: int
+    trained_param_bytes: int
+    frozen_bytes: int
+    step_peak_bytes: int
+    kept_bytes: int
+    copies: int = 1
+
+    def workspace(self, k: RuntimeConstants) -> int:
+        """The peak above the floor and the baseline."""
+        return int(k.workspace_fixed_bytes + k.trained_weight_copies * self.trained_param_bytes
+                   + k.frozen_weight_copies * self.frozen_bytes
+                   + self.copies * max(0, int(k.workspace_factor * self.step_peak_bytes) - self.kept_bytes))
+
+    def peak(self, k: RuntimeConstants) -> int:
+        return k.baseline_bytes + self.floor + self.workspace(k)
+
+
+def config_cost(store: ProfileStore, model: ModelRef, config: TrainConfig, runtime: str,
+                constants: Optional[RuntimeConstants] = None) -> Cost:
+    """`cost` of `config` on `model`, with the profiles (the width's, the auxiliary head's, the exits') from
+    `store`."""
+    widths = None if config.head_width == 1 else config.widths
+    aux = store.aux(model, widths, config.end, config.aux_head) if config.aux_head is not None else None
+    exits = [store.aux(model, widths, b, "linear") for b in config.exits]   # DepthFL
+    return cost(store.profile(model, widths), config, runtime, aux, constants, exits)
+
+
 def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
          aux: Optional[AuxProfile] = None, constants: Optional[RuntimeConstants] = None,
          exits: Sequence[AuxProfile] = ()) -> Cost:
@@ -194,14 +238,20 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
     trained_buffer_bytes = sum(l.buffer_bytes for l in trained) + sum(h.buffer_bytes for h in heads)
     frozen_bytes = sum(l.param_bytes + l.buffer_bytes for l in layers[:a]) + sum(frozen_part[a:b])
 
-    # what the step allocates beyond kept activations and gradients (working sets, the gradients in flight;
-    # less than nothing where activations and gradients do not peak together: clamped at zero), plus what
-    # the first step allocates once and the input batch
+    # the step's working sets and the gradients in flight beyond kept activations and gradients (less than
+    # nothing where activations and gradients do not peak together: clamped at zero), what the first step
+    # allocates once, what the runtime keeps per weight byte, and the input batch
     acts = activation_bytes(profile, config, aux, exits)
-    peak = int(k.workspace_factor * step_peak_bytes(profile, config, aux, exits, k.prefix_batch))
-    workspace = k.workspace_fixed_bytes + B * profile.input_bytes + M * max(0, peak - acts - trained_param_bytes)
+    kept = acts + trained_param_bytes
     if M > 1:
         acts = M * acts + M * (M - 1) * 2 * B * profile.layers[-1].output_bytes
+    weights_trained = M * (trained_param_bytes + trained_buffer_bytes)
+    optimizer = OPTIMIZER_STATE_SLOTS[config.optimizer] * M * trained_param_bytes
+    floor = (frozen_bytes + weights_trained + M * trained_param_bytes + optimizer + acts
+             + B * profile.input_bytes)
+    terms = PeakTerms(floor=floor, trained_param_bytes=M * trained_param_bytes, frozen_bytes=frozen_bytes,
+                      step_peak_bytes=step_peak_bytes(profile, config, aux, exits, k.prefix_batch), kept_bytes=kept,
+                      copies=M)
 
     # trained layers and heads: forward, weight gradients (none for frozen weights), input gradients (none
     # for the first trained module)
@@ -212,13 +262,14 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
     return Cost(
         runtime_baseline_bytes=k.baseline_bytes,
         weights_frozen_bytes=frozen_bytes,
-        weights_trained_bytes=M * (trained_param_bytes + trained_buffer_bytes),
+        weights_trained_bytes=weights_trained,
         gradient_bytes=M * trained_param_bytes,
-        optimizer_bytes=OPTIMIZER_STATE_SLOTS[config.optimizer] * M * trained_param_bytes,
+        optimizer_bytes=optimizer,
         activation_bytes=acts,
-        workspace_bytes=workspace,
+        workspace_bytes=B * profile.input_bytes + terms.workspace(k),
         flops_per_sample=sum(fwd[:a]) + M * train_flops,
         upload_bytes=trained_param_bytes + trained_buffer_bytes,
         download_bytes=frozen_bytes + trained_param_bytes + trained_buffer_bytes,
         trained_params=sum(l.params for l in trained) + sum(h.params for h in heads),
+        terms=terms,
     )

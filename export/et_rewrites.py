@@ -12,6 +12,7 @@ matrix products), the same layers train an order of magnitude faster:
   the smaller of input and weight.
 * `SliceMaxPool2d`: max pooling as a max over stacked window slices (a reshape where windows tile the
   input): the runtime's own pool backward returns wrong gradients (its docstring).
+* `TiledAvgPool2d`: average pooling over tiling windows as a mean over a reshape (no avg_pool2d backward).
 * `StatBatchNorm2d`: batch norm written out of mean/var/rsqrt. In training its running statistics are
   values, not buffers mutated in place: it reads them from its buffers (which the exporter replaces by
   program inputs) and leaves the updated ones in `updates`, which the exporter returns as outputs. That
@@ -222,6 +223,29 @@ class SliceMaxPool2d(nn.Module):
         return windows.max(dim=-1).values
 
 
+class TiledAvgPool2d(nn.Module):
+    """nn.AvgPool2d whose windows tile the input (kernel = stride, no padding: a DenseNet transition) as a
+    mean over a reshape. ExecuTorch's kernels have no avg_pool2d backward, and ONNX Runtime 1.19's
+    AveragePoolGrad kills the process with a floating-point exception (edgefl.export.ort_backend uses it
+    too); a mean's backward is an expand in both."""
+
+    def __init__(self, pool: nn.AvgPool2d):
+        super().__init__()
+        self.k = pool.kernel_size
+
+    @staticmethod
+    def supports(pool: nn.AvgPool2d) -> bool:
+        return (isinstance(pool.kernel_size, int) and pool.stride in (pool.kernel_size, None) and pool.padding == 0
+                and not pool.ceil_mode and pool.divisor_override is None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        k = self.k
+        if (h % k, w % k) != (0, 0):        # floor mode drops the last rows and columns
+            x = x[:, :, : h - h % k, : w - w % k]
+        return x.reshape(n, c, h // k, k, w // k, k).mean(dim=(3, 5))
+
+
 def _replacement(mod: nn.Module) -> nn.Module | None:
     if type(mod) is nn.Conv2d and MatmulConv2d.supports(mod):
         return MatmulConv2d(mod)
@@ -229,6 +253,8 @@ def _replacement(mod: nn.Module) -> nn.Module | None:
         return MatmulLinear(mod)
     if type(mod) is nn.BatchNorm2d and StatBatchNorm2d.supports(mod):
         return StatBatchNorm2d(mod)
+    if type(mod) is nn.AvgPool2d and TiledAvgPool2d.supports(mod):
+        return TiledAvgPool2d(mod)
     if type(mod) is nn.MaxPool2d:
         if not SliceMaxPool2d.supports(mod):    # the runtime's own pool would train on garbage gradients
             raise NotImplementedError(f"ExecuTorch training of {mod} (ceil mode or returned indices)")

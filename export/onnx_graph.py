@@ -10,6 +10,9 @@
   refuses to load: `eval_without_statistics` drops them.
 * ORT's AdamW defaults to the HuggingFace variant (adam_mode 1): `torch_adamw` switches the optimizer
   graph to torch.optim.AdamW's rule (adam_mode 0) with the given hyperparameters.
+* ORT's gradient builder names the gradient of a graph input once per node reading it ("Duplicate
+  definition of name (features0_grad)": a DenseNet layer's input feeds its BN and its concatenation):
+  `read_inputs_once` gives every reader but one its own Identity of the input.
 """
 from __future__ import annotations
 
@@ -53,6 +56,19 @@ def expose_layer_norm_stats(model: onnx.ModelProto) -> None:
         if node.op_type == "LayerNormalization" and len(node.output) == 1:
             base = node.name or f"LayerNormalization_{i}"
             node.output.extend([f"{base}.mean", f"{base}.inv_std"])
+
+
+def read_inputs_once(model: onnx.ModelProto, names: list[str]) -> None:
+    """Each graph input in `names` read by more than one node: every reader but the first reads it through
+    an Identity of its own, so that no two gradient nodes write the input's gradient."""
+    for name in names:
+        readers = [n for n in model.graph.node if name in n.input]
+        for k, node in enumerate(readers[1:], 1):
+            copy = f"{name}.read{k}"
+            for i, x in enumerate(node.input):
+                if x == name:
+                    node.input[i] = copy
+            model.graph.node.insert(0, onnx.helper.make_node("Identity", [name], [copy], name=f"{name}/read{k}"))
 
 
 def eval_without_statistics(path: Path, statistic_outputs: set[str]) -> None:

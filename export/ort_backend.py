@@ -47,15 +47,45 @@ def _io(names: list[str], tensors, dims: dict[int, str]) -> list[IOSpec]:
             for n, t in zip(names, tensors, strict=True)]
 
 
+def _gelu(g, x, approximate="none"):
+    """GELU as ONNX Runtime's own op (com.microsoft FastGelu: the tanh approximation; Gelu: erf). Opset 17
+    has no GELU: the exporter writes it out as ~10 elementwise nodes, each keeping a hidden-sized tensor for
+    its gradient (a transformer set peaked at 853 MiB with them); FastGeluGrad keeps the input alone."""
+    from torch.onnx import symbolic_helper
+
+    mode = symbolic_helper._maybe_get_const(approximate, "s")
+    return g.op("com.microsoft::FastGelu" if mode == "tanh" else "com.microsoft::Gelu", x).setType(x.type())
+
+
 def _trace(module: torch.nn.Module, example: tuple, inputs: list[str], outputs: list[str],
            dynamic: dict[str, dict[int, str]], training: bool) -> onnx.ModelProto:
     f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")   # the exporter warns about every BN counter it drops
-        torch.onnx.export(module, example, f, input_names=inputs, output_names=outputs, opset_version=OPSET,
-                          dynamo=False, do_constant_folding=not training, dynamic_axes=dynamic,
-                          training=torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL)
+    torch.onnx.register_custom_op_symbolic("aten::gelu", _gelu, OPSET)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the exporter warns about every BN counter it drops
+            torch.onnx.export(module, example, f, input_names=inputs, output_names=outputs, opset_version=OPSET,
+                              dynamo=False, do_constant_folding=not training, dynamic_axes=dynamic,
+                              training=torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL)
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::gelu", OPSET)
     return onnx.load_from_string(f.getvalue())
+
+
+def _differentiable(suffix: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `suffix` (same state_dict) with what ORT 1.19 cannot differentiate rewritten: average pools
+    that tile the input become a mean over a reshape (its AveragePoolGrad dies of a floating-point
+    exception)."""
+    import copy
+
+    from edgefl.export.et_rewrites import TiledAvgPool2d
+
+    out = copy.deepcopy(suffix)
+    for parent in list(out.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.AvgPool2d and TiledAvgPool2d.supports(child):
+                setattr(parent, name, TiledAvgPool2d(child))
+    return out
 
 
 def _batch_norm_sizes(suffix: torch.nn.Module, example: tuple) -> dict[str, int]:
@@ -129,9 +159,11 @@ class OrtBackend(Backend):
         suffix.train()
         with torch.no_grad():
             loss, logits = suffix(*example)
-        model = _trace(suffix, example, [*features, "labels"], ["loss", "logits"], dynamic, training=True)
+        model = _trace(_differentiable(suffix), example, [*features, "labels"], ["loss", "logits"], dynamic,
+                       training=True)
         suffix.load_state_dict(state)
         onnx_graph.restore_initializers(model, {k: v.numpy() for k, v in state.items()})
+        onnx_graph.read_inputs_once(model, features)
         missing = set(params + stats) - onnx_graph.initializer_names(model)
         if missing:
             raise RuntimeError(f"the ONNX export lost or renamed tensors {sorted(missing)[:4]}")

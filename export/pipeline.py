@@ -39,13 +39,10 @@ def _np_dtype(t: torch.Tensor) -> str:
 
 def predicted_cost(ref: ModelRef, config: TrainConfig, runtime: str, store=None) -> dict:
     """The cost model's prediction for `config` on `runtime` (edgefl.cost), as JSON."""
-    from edgefl.cost import cost
+    from edgefl.cost import config_cost
     from edgefl.profile import ProfileStore
 
-    store = store or ProfileStore()
-    widths = None if config.head_width == 1 else config.widths
-    aux = store.aux(ref, widths, config.end, config.aux_head) if config.aux_head is not None else None
-    return cost(store.profile(ref, widths), config, runtime, aux).to_json()
+    return config_cost(store or ProfileStore(), ref, config, runtime).to_json()
 
 
 def export_prefix(backend: Backend, ref: ModelRef, config: TrainConfig, parts: Split, weights_version: int,

@@ -77,6 +77,12 @@ def plan(
     ctx = PlanContext(fleet, ref, rounds=rounds, batch_size=batch_size, optimizer=optimizer.value,
                       local_epochs=local_epochs, constants=load_calibration(calibration))
     result = verify(strategy.plan(ctx), fleet)
+    if calibration is not None:      # what the calibration changed, and why, in the plan's own notes
+        from dataclasses import replace
+
+        from edgefl.calibrate import calibration_notes, plan_changes
+        without = strategy.plan(replace(ctx, constants=load_calibration(None), _costs={}))
+        result.notes.extend(calibration_notes(calibration, ctx.constants) + plan_changes(without, result))
     if output is not None:
         result.write(output)
     if fmt is Format.json:
@@ -187,18 +193,29 @@ def calibrate(
     output: Path = typer.Option(Path("calibration.json"), "-o", "--output",
                                 help="calibration file for 'edgefl plan --calibration'"),
 ):
-    """Fit each runtime's overhead constant from the peak RSS devices measured; the planner reads the file."""
+    """Fit each runtime's fixed memory term as an upper bound on the peak RSS devices measured (reports that do
+    not match their plan are refused, with the reason); the planner reads the file."""
     import json
 
     from edgefl.calibrate import calibration_json, fit_overheads, samples_from_run
     from edgefl.units import format_bytes
 
-    fits = fit_overheads([s for run in runs for s in samples_from_run(run)])
-    output.write_text(json.dumps(calibration_json(fits), indent=2) + "\n")
+    samples, refused = [], []
+    for run in runs:
+        got, out = samples_from_run(run)
+        samples += got
+        refused += out
+    for r in refused:
+        stdout.print(f"refused: {r.device} round {r.round}: {r.reason}")
+    if not samples:
+        raise ConfigError(f"{', '.join(map(str, runs))}: every report was refused (above); calibrate from a run served "
+                          "to this edgefl version's agents, with the plan's batch and examples")
+    fits = fit_overheads(samples, runs=", ".join(map(str, runs)))
+    output.write_text(json.dumps(calibration_json(fits, refused), indent=2) + "\n")
     for f in fits.values():
-        stdout.print(f"{f.runtime}: {f.samples} measured peaks; baseline {'+' if f.shift_bytes >= 0 else '-'}"
-                     f"{format_bytes(abs(f.shift_bytes))}; prediction error median {f.error_before[0]:.1%} -> "
-                     f"{f.error_after[0]:.1%}, max {f.error_before[1]:.1%} -> {f.error_after[1]:.1%}")
+        stdout.print(f"{f.runtime}: {f.samples} measured peaks; fixed term {'+' if f.shift_bytes >= 0 else '-'}"
+                     f"{format_bytes(abs(f.shift_bytes))}; measured/predicted {f.ratio_before[0]:.2f}-"
+                     f"{f.ratio_before[1]:.2f} -> {f.ratio_after[0]:.2f}-{f.ratio_after[1]:.2f}")
     stdout.print(f"calibration written to {output}; plan with: edgefl plan ... --calibration {output}")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
 from edgefl.calibration import DEFAULTS, RuntimeConstants
-from edgefl.cost import Cost, cost
+from edgefl.cost import Cost, config_cost
 from edgefl.fleet import Fleet, Group
 from edgefl.plan import GroupPlan, Plan, Step, violations
 from edgefl.profile import ProfileStore
@@ -78,12 +78,7 @@ class PlanContext:
     def cost(self, config: TrainConfig, runtime: str) -> Cost:
         key = (self.model, config, runtime)
         if key not in self._costs:
-            widths = None if config.head_width == 1 else config.widths
-            profile = self.store.profile(self.model, widths)
-            aux = (self.store.aux(self.model, widths, config.end, config.aux_head)
-                   if config.aux_head is not None else None)
-            exits = [self.store.aux(self.model, widths, b, "linear") for b in config.exits]   # DepthFL
-            self._costs[key] = cost(profile, config, runtime, aux, self.constants[runtime], exits)
+            self._costs[key] = config_cost(self.store, self.model, config, runtime, self.constants[runtime])
         return self._costs[key]
 
     def fits(self, config: TrainConfig, group: Group) -> bool:

@@ -14,6 +14,7 @@ EXPORTS = pytest.mark.xdist_group("exports")
 RESNET = small("resnet20")
 LM = small("transformer")
 CNN = small("cnn")          # its trained layers end in a max pool
+DENSENET = small("densenet40")   # concatenations, average-pool transitions
 
 
 def resnet_config(frozen: int, width: float = 1.0, optimizer: str = "sgd"):
@@ -26,6 +27,12 @@ def resnet_config(frozen: int, width: float = 1.0, optimizer: str = "sgd"):
 def lm_config(frozen: int, optimizer: str = "sgd"):
     from edgefl.trainconfig import TrainConfig
     return TrainConfig(num_layers=8, frozen_prefix=frozen, batch_size=BATCH, optimizer=optimizer)
+
+
+def densenet_config(frozen: int, width: float = 1.0):
+    from edgefl.trainconfig import TrainConfig
+    head = None if width == 1 else frozen + 1
+    return TrainConfig(num_layers=40, frozen_prefix=frozen, head_start=head, head_width=width, batch_size=BATCH)
 
 
 def cnn_config(frozen: int):

@@ -1,7 +1,8 @@
 """Exported artifacts compute what torch computes (the issue's parity bar).
 
-For ResNet-20 (frozen prefix 0, 4, 7; head width 0.25 and 1), the transformer LM (frozen 0 and 2) and the
-CNN (frozen 1: a trained convolution before a max pool), per
+For ResNet-20 (frozen prefix 0, 4, 7; head width 0.25 and 1), the transformer LM (frozen 0 and 2), the
+CNN (frozen 1: a trained convolution before a max pool) and DenseNet-40 (frozen 0 at width 0.25: average-pool
+transitions; frozen 20: a suffix input read by a BN and a concatenation), per
 runtime backend: the prefix's output vs torch (rel. error <= 1e-5); one SGD step of the suffix on the
 same batch vs torch.optim.SGD on the eager suffix (momentum, weight decay, BN statistics and counters;
 rel. error of every updated trainable tensor <= 1e-4); one AdamW step vs torch.optim.AdamW (ORT <= 1e-3);
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from export_cases import CNN, EXPORTS, LM, RESNET, backend_params, cnn_config, global_state, lm_config, resnet_config
+from export_cases import (CNN, DENSENET, EXPORTS, LM, RESNET, backend_params, cnn_config, densenet_config, global_state,
+                          lm_config, resnet_config)
 from edgefl.device_runtime.trainers.base import trainer_class
 from edgefl.export.split import split
 from edgefl.manifest import flatten, unflatten
@@ -23,7 +25,9 @@ pytestmark = EXPORTS
 
 CASES = ([(RESNET, resnet_config(k, s), f"resnet20-frozen{k}-width{s:g}") for k in (0, 4, 7) for s in (0.25, 1.0)]
          + [(LM, lm_config(k), f"transformer-frozen{k}") for k in (0, 2)]
-         + [(CNN, cnn_config(1), "cnn-frozen1")])
+         + [(CNN, cnn_config(1), "cnn-frozen1")]
+         + [(DENSENET, densenet_config(0, 0.25), "densenet40-frozen0-width0.25"),
+            (DENSENET, densenet_config(20), "densenet40-frozen20")])
 # An ExecuTorch export of a ResNet-20 suffix takes about a minute (its toolchain runs Python passes over
 # every graph node): the default suite checks it on one config of each model, `-m slow` on all of them.
 ET_DEFAULT = {"resnet20-frozen4-width0.25", "transformer-frozen2", "cnn-frozen1"}

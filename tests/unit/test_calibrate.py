@@ -1,29 +1,37 @@
 import json
+import subprocess
+import sys
 
 import pytest
 
-from edgefl.calibrate import PeakSample, calibration_json, fit_overheads, samples_from_run
+from edgefl.calibrate import PeakSample, calibration_json, fit_overheads, plan_changes, samples_from_run
 from edgefl.calibration import DEFAULTS, load_calibration
+from edgefl.cost import PeakTerms
 from edgefl.errors import ConfigError
 
 MiB = 2**20
 
 
-def _samples(runtime, residuals_mib, predicted_mib=100):
-    return [PeakSample(runtime, "g", f"d{i}", 1, predicted_mib * MiB, (predicted_mib + r) * MiB)
+def _samples(runtime, residuals_mib, floor_mib=40):
+    """Samples whose prediction under the defaults is known: a floor and nothing that scales."""
+    terms = PeakTerms(floor=floor_mib * MiB, trained_param_bytes=0, frozen_bytes=0, step_peak_bytes=0, kept_bytes=0)
+    predicted = terms.peak(DEFAULTS[runtime])
+    return [PeakSample(runtime, "g", f"d{i}", 1, predicted, predicted + r * MiB, terms)
             for i, r in enumerate(residuals_mib)]
 
 
-def test_shift_is_the_median_residual_and_errors_shrink():
-    fits = fit_overheads(_samples("ort", [10, 12, 14, 40]) + _samples("torch", [-5, -5, -6]))
+def test_the_fixed_term_covers_the_worst_device_with_its_margin():
+    fits = fit_overheads(_samples("ort", [10, 12, 14, 40]) + _samples("torch", [-30, -30, -31]))
     ort, torch_fit = fits["ort"], fits["torch"]
-    assert ort.shift_bytes == 13 * MiB
-    assert ort.constants.baseline_bytes == DEFAULTS["ort"].baseline_bytes + 13 * MiB
-    assert ort.constants.workspace_factor == DEFAULTS["ort"].workspace_factor
-    assert torch_fit.shift_bytes == -5 * MiB
-    assert ort.error_before[0] > ort.error_after[0]
-    assert ort.error_after[1] == pytest.approx(27 / 140)   # the outlier stays an outlier
+    worst = _samples("ort", [40])[0].measured_bytes
+    # the outlier sets the level, not the median: every peak is now predicted, with max(2%, 1 MiB) to spare
+    assert ort.shift_bytes == 40 * MiB + int(0.02 * worst) + 1
+    assert ort.ratio_before[1] > 1 and ort.ratio_after[1] == pytest.approx(1 / 1.02, abs=1e-6)
+    assert ort.constants.workspace_factor == DEFAULTS["ort"].workspace_factor      # the shape is the benchmark's
     assert ort.samples == 4
+    # a runtime over-predicted everywhere gets tighter, still above every peak
+    assert torch_fit.shift_bytes < 0 and torch_fit.ratio_after[1] <= 1 / 1.02 + 1e-9
+    assert torch_fit.ratio_after[0] > torch_fit.ratio_before[0]
 
 
 def test_calibration_file_round_trips_through_the_planner_loader(tmp_path):
@@ -31,25 +39,92 @@ def test_calibration_file_round_trips_through_the_planner_loader(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(calibration_json(fits)))
     constants = load_calibration(path)
-    assert constants["ort"].baseline_bytes == DEFAULTS["ort"].baseline_bytes + 20 * MiB
+    assert constants["ort"].workspace_fixed_bytes == DEFAULTS["ort"].workspace_fixed_bytes + fits["ort"].shift_bytes
     assert constants["torch"] == DEFAULTS["torch"]
 
 
-def _run(tmp_path, measured):
-    (tmp_path / "plan.json").write_text(json.dumps({"groups": {"pis": {"runtime": "ort"}, "big": {"runtime": "torch"}}}))
-    rounds = [{"round": 1, "sampled": {"a": "pis", "b": "big"},
-               "predicted_peak_bytes": {"a": 90 * MiB, "b": 400 * MiB}, "measured_peak_bytes": measured}]
+def _plan(tmp_path, budget="4GiB"):
+    from edgefl.fleet import parse_fleet
+    from edgefl.plan import verify
+    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.zoo import ModelRef
+
+    fleet = parse_fleet(f"fleet: {{groups: {{pis: {{count: 2, memory_budget: {budget}, runtime: ort, examples: 64}}, "
+                        f"big: {{count: 1, memory_budget: 4GiB, runtime: torch}}}}}}")
+    plan = verify(get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("cnn"), rounds=2)), fleet)
+    plan.write(tmp_path / "plan.json")
+    return plan
+
+
+def _history(tmp_path, plan, metrics, examples=None):
+    predicted = {d: plan.groups[g].steps[0].predicted.peak_memory_bytes for d, g in (("a", "pis"), ("b", "big"))}
+    rounds = [{"round": 1, "sampled": {"a": "pis", "b": "big"}, "predicted_peak_bytes": predicted,
+               "measured_peak_bytes": {"a": 100 * MiB, "b": 400 * MiB}, "device_metrics": metrics,
+               "examples": examples or {"a": 64, "b": 500}}]
     (tmp_path / "history.json").write_text(json.dumps({"rounds": rounds}))
     return tmp_path
 
 
-def test_samples_from_a_served_run(tmp_path):
-    samples = samples_from_run(_run(tmp_path, {"a": 100 * MiB}))
-    assert samples == [PeakSample("ort", "pis", "a", 1, 90 * MiB, 100 * MiB)]
+GOOD = {"data_read": "batch", "batch_size": 32}
+
+
+def test_samples_carry_the_peak_terms_of_the_config_each_device_trained(tmp_path):
+    plan = _plan(tmp_path)
+    samples, refused = samples_from_run(_history(tmp_path, plan, {"a": GOOD, "b": GOOD}))
+    assert refused == []
+    assert [(s.runtime, s.group, s.device, s.measured_bytes) for s in samples] == [
+        ("ort", "pis", "a", 100 * MiB), ("torch", "big", "b", 400 * MiB)]
+    for s in samples:      # the terms reproduce the plan's prediction under the constants it was planned with
+        assert s.terms.peak(DEFAULTS[s.runtime]) == s.predicted_bytes
+
+
+@pytest.mark.parametrize("metrics, examples, reason", [
+    ({}, 64, "does not say how the device read its data"),
+    ({"data_read": "whole", "batch_size": 32}, 64, "not a batch at a time: its peak holds its data"),
+    ({"data_read": "batch", "batch_size": 16}, 64, "trained batches of 16, the plan's config has 32"),
+    (GOOD, 15000, "trained 15000 examples per pass, the plan assumes 64"),
+])
+def test_reports_that_do_not_match_the_plan_are_refused_with_the_reason(tmp_path, metrics, examples, reason):
+    plan = _plan(tmp_path)
+    samples, refused = samples_from_run(_history(tmp_path, plan, {"a": metrics, "b": GOOD}, {"a": examples, "b": 500}))
+    assert [s.device for s in samples] == ["b"]
+    assert [(r.device, r.round) for r in refused] == [("a", 1)] and reason in refused[0].reason
 
 
 def test_an_emulated_run_has_nothing_to_calibrate_from(tmp_path):
+    plan = _plan(tmp_path)
+    (tmp_path / "history.json").write_text(json.dumps({"rounds": [{"round": 1, "sampled": {"a": "pis"},
+                                                                   "predicted_peak_bytes": {"a": 1},
+                                                                   "measured_peak_bytes": {}}]}))
+    del plan
     with pytest.raises(ConfigError, match="no measured peak RSS"):
-        samples_from_run(_run(tmp_path, {}))
+        samples_from_run(tmp_path)
     with pytest.raises(ConfigError, match="not a served run"):
         samples_from_run(tmp_path / "missing")
+
+
+def test_plan_with_a_calibration_says_what_changed_and_why(tmp_path):
+    """A calibration that raises ORT's fixed term by about 30 MiB, on a group budgeted 5 MiB above the CNN with
+    one frozen layer: the group freezes more, and `edgefl plan` says so in the plan's notes, with the fit that
+    justified it."""
+    from edgefl.fleet import parse_fleet
+    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.zoo import ModelRef
+
+    ctx = PlanContext(parse_fleet("fleet: {groups: {g: {count: 1, memory_budget: 4GiB}}}"), ModelRef.of("cnn"))
+    budget = ctx.cost(ctx.config(frozen_prefix=1), "ort").peak_memory_bytes + 5 * MiB
+    fleet_text = f"fleet:\n  groups:\n    pis: {{count: 2, memory_budget: {budget}, runtime: ort}}\n"
+    (tmp_path / "fleet.yaml").write_text(fleet_text)
+    fits = fit_overheads(_samples("ort", [28, 20]))
+    (tmp_path / "cal.json").write_text(json.dumps(calibration_json(fits)))
+    r = subprocess.run([sys.executable, "-m", "edgefl", "plan", "--devices", tmp_path / "fleet.yaml", "--model", "cnn",
+                        "--method", "fedolf", "--calibration", tmp_path / "cal.json", "--format", "json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    assert any("ort: workspace_fixed_bytes" in n and "measured/predicted on 2 device peaks" in n for n in notes)
+    assert any(n.startswith("group pis: frozen prefix 1 -> ") and "predicted peak" in n for n in notes)
+
+    fleet = parse_fleet(fleet_text)
+    plain = get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("cnn")))
+    assert plan_changes(plain, plain) == ["the calibration changes no group's admission or first config"]

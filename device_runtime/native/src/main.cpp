@@ -186,6 +186,7 @@ Json run(const Options& o) {
   report.set("examples", Json(o.steps == 0 && o.max_examples ? std::min(o.max_examples, data.examples())
                                                                : data.examples()));
   report.set("batch_size", Json(trainer.batch()));
+  report.set("data_read", Json(std::string("batch")));  // LocalData reads the rows of each batch, nothing more
   report.set("lr", Json(o.lr));
   report.set("loss_first", losses.empty() ? Json() : Json(losses.front()));
   report.set("loss_last", losses.empty() ? Json() : Json(losses.back()));

@@ -1,0 +1,79 @@
+"""Fit a runtime's cost-model constants as an upper bound on measured peaks: a plan is a promise.
+
+A peak is linear in the constants but for the workspace factor (edgefl.cost.PeakTerms):
+
+    predicted = baseline + F + floor + t * trained + f * frozen + copies * max(0, c * step_peak - kept)
+
+For every (c, t, f) on a grid, F is the least fixed term that covers every sample with its margin,
+predicted >= measured + max(`fraction` of it, `at_least` bytes); the kept (c, t, f, F) maximises the
+smallest measured / predicted (the tightest band under 1), then the mean squared slack. A grid of one
+value keeps that constant: `edgefl calibrate` refits only F on a served run's few configs, keeping the
+shape the memory benchmarks fitted on many.
+
+numpy only: the planner and `edgefl calibrate` run it without torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from edgefl.calibration import RuntimeConstants
+from edgefl.cost import PeakTerms
+
+MiB = 2**20
+MARGIN_FRACTION, MARGIN_BYTES = 0.02, MiB     # an upper bound's slack over every measured peak
+
+
+def grid(stop: float, step: float) -> tuple[float, ...]:
+    return tuple(round(i * step, 6) for i in range(int(round(stop / step)) + 1))
+
+
+@dataclass(frozen=True)
+class Fit:
+    constants: RuntimeConstants
+    ratios: tuple[float, ...]        # measured / predicted under `constants`, per sample
+
+    @property
+    def band(self) -> tuple[float, float]:
+        return min(self.ratios), max(self.ratios)
+
+
+def predict(terms: Sequence[PeakTerms], k: RuntimeConstants) -> list[int]:
+    return [t.peak(k) for t in terms]
+
+
+def fit_upper_bound(terms: Sequence[PeakTerms], measured: Sequence[int], base: RuntimeConstants, *,
+                    factors: Sequence[float] | None = None, trained_copies: Sequence[float] | None = None,
+                    frozen_copies: Sequence[float] | None = None, fraction: float = MARGIN_FRACTION,
+                    at_least: int = MARGIN_BYTES, source: str = "") -> Fit:
+    """`base`'s constants with workspace_fixed_bytes, and those of workspace_factor, trained_weight_copies and
+    frozen_weight_copies whose grid is given (None: keep `base`'s), fitted as an upper bound (module doc).
+    `base.baseline_bytes` is kept: it is measured, not fitted."""
+    if len(terms) != len(measured) or not terms:
+        raise ValueError("one measured peak per PeakTerms, and at least one")
+    m = np.asarray(measured, dtype=np.float64)
+    need = m + np.maximum(fraction * m, at_least)
+    floor = np.asarray([t.floor for t in terms], dtype=np.float64) + base.baseline_bytes
+    trained = np.asarray([t.trained_param_bytes for t in terms], dtype=np.float64)
+    frozen = np.asarray([t.frozen_bytes for t in terms], dtype=np.float64)
+    step = np.asarray([t.step_peak_bytes for t in terms], dtype=np.float64)
+    kept = np.asarray([t.kept_bytes for t in terms], dtype=np.float64)
+    copies = np.asarray([t.copies for t in terms], dtype=np.float64)
+    ts = np.asarray(trained_copies if trained_copies is not None else [base.trained_weight_copies])
+    fs = np.asarray(frozen_copies if frozen_copies is not None else [base.frozen_weight_copies])
+    linear = floor + ts[:, None, None] * trained + fs[None, :, None] * frozen           # (t, f, samples)
+    best = None
+    for c in (factors if factors is not None else [base.workspace_factor]):
+        rest = linear + copies * np.maximum(0.0, np.floor(c * step) - kept)
+        fixed = np.maximum(0.0, np.ceil((need - rest).max(axis=-1)))                    # (t, f)
+        ratio = m / (rest + fixed[..., None])
+        score = ratio.min(axis=-1) - 1e-3 * ((1.0 - ratio) ** 2).mean(axis=-1)
+        i = np.unravel_index(int(np.argmax(score)), score.shape)
+        if best is None or score[i] > best[0]:
+            best = (score[i], float(c), float(ts[i[0]]), float(fs[i[1]]), int(fixed[i]))
+    _, c, t, f, fixed = best
+    constants = replace(base, workspace_fixed_bytes=fixed, workspace_factor=c, trained_weight_copies=t,
+                        frozen_weight_copies=f, source=source or base.source)
+    return Fit(constants, tuple(float(x) / p for x, p in zip(m, predict(terms, constants), strict=True)))
