@@ -56,9 +56,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants  # noqa: E402
+from edgefl.calibration import DEFAULTS, RuntimeConstants, family  # noqa: E402
 from edgefl.cost import Cost, cost, step_peak_bytes  # noqa: E402
-from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound, grid, predict  # noqa: E402
+from edgefl import upper_bound  # noqa: E402
+from edgefl.upper_bound import FITTED, MARGIN_BYTES, MARGIN_FRACTION, grid  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
@@ -213,14 +214,21 @@ def row_terms(rows: list[dict], store: ProfileStore, runtime: str) -> list:
                      DEFAULTS[runtime]).terms for r in rows]
 
 
-def fit(rows: list[dict], store: ProfileStore, baseline: int, runtime: str):
-    """The upper-bound fit of `runtime`'s constants on `rows` (edgefl.upper_bound)."""
-    base = replace(DEFAULTS[runtime], baseline_bytes=baseline)
-    return fit_upper_bound(row_terms(rows, store, runtime), [r["peak_rss_bytes"] for r in rows], base,
-                           factors=grid(MAX_FACTOR[runtime], 0.01), trained_copies=TRAINED_COPIES,
-                           frozen_copies=FROZEN_COPIES,
-                           source=f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(rows)} "
-                                  "measured peaks (bench/artifact_memory.py)")
+def fit_families(rows: list[dict], store: ProfileStore, baseline: int, runtime: str,
+                 exclude: str | None = None) -> RuntimeConstants:
+    """`runtime`'s constants fitted on `rows` (edgefl.upper_bound.fit_families); `exclude`: leave that family's
+    rows out."""
+    peaks = {}
+    for name in sorted({family(r["model"]) for r in rows} - {exclude}):
+        mine = [r for r in rows if family(r["model"]) == name]
+        peaks[name] = (row_terms(mine, store, runtime), [r["peak_rss_bytes"] for r in mine])
+    return upper_bound.fit_families(peaks, replace(DEFAULTS[runtime], baseline_bytes=baseline),
+                                    factors=grid(MAX_FACTOR[runtime], 0.01), trained_copies=TRAINED_COPIES,
+                                    frozen_copies=FROZEN_COPIES)
+
+
+def predict_rows(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants) -> list[int]:
+    return [t.peak(k.for_model(r["model"])) for r, t in zip(rows, row_terms(rows, store, runtime))]
 
 
 def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data: Path, folder: Path,
@@ -282,40 +290,40 @@ def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, bin
 
 
 def upper_bound_summary(runtime: str, rows: list[dict], store: ProfileStore, baseline: int) -> dict:
-    """The upper-bound fit of `runtime`'s constants on its rows (each row gets its fitted prediction and
-    measured/predicted) and, leaving each model family out in turn, the fit on the others checked on it."""
-    fitted = fit(rows, store, baseline, runtime)
-    for r, q, ratio in zip(rows, predict(row_terms(rows, store, runtime), fitted.constants), fitted.ratios):
+    """The upper-bound fit of `runtime`'s constants on its rows, per measured family and over all of them
+    (each row gets its prediction and measured/predicted under its family's constants) and, leaving each
+    family out in turn, the generic fit on the others checked on it: what a model of an unmeasured family
+    gets."""
+    fitted = fit_families(rows, store, baseline, runtime)
+    generic = replace(fitted, families=())
+    for r, q, g in zip(rows, predict_rows(rows, store, runtime, fitted), predict_rows(rows, store, runtime, generic)):
         r["predicted_peak_bytes_fitted"] = q
-        r["measured_over_predicted"] = ratio
+        r["measured_over_predicted"] = r["peak_rss_bytes"] / q
+        r["measured_over_predicted_generic"] = r["peak_rss_bytes"] / g
         r["error_after_fit"] = (q - r["peak_rss_bytes"]) / r["peak_rss_bytes"]
-    low, high = fitted.band
-    out = {f"{runtime}_constants": asdict(fitted.constants),
-           f"{runtime}_fit": {"rows": len(rows), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
-                              "measured_over_predicted_max": high, "measured_over_predicted_min": low,
-                              "worst_peak_error_before_fit": max(abs(r["error_before_fit"]) for r in rows)}}
+
+    def band(rs, key="measured_over_predicted"):
+        got = [r[key] for r in rs]
+        return {"rows": len(rs), "measured_over_predicted_min": min(got), "measured_over_predicted_max": max(got)}
+
     families = sorted({family(r["model"]) for r in rows})
-    if len(families) > 1:   # out of sample: fitted on the other families' peaks, checked on the held-out one's
+    out = {f"{runtime}_constants": asdict(fitted),
+           f"{runtime}_fit": {**band(rows), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
+                              "worst_peak_error_before_fit": max(abs(r["error_before_fit"]) for r in rows),
+                              "generic": band(rows, "measured_over_predicted_generic"),
+                              "per_family": {f: band([r for r in rows if family(r["model"]) == f]) for f in families}}}
+    if len(families) > 1:   # out of sample: what a model of an unmeasured family gets, checked on a held-out one
         cross = {}
         for name in families:
-            fitted_on = [r for r in rows if family(r["model"]) != name]
-            k = fit(fitted_on, store, baseline, runtime).constants
+            k = replace(fit_families(rows, store, baseline, runtime, exclude=name), families=())
             held = [r for r in rows if family(r["model"]) == name]
-            got = [r["peak_rss_bytes"] / q for r, q in zip(held, predict(row_terms(held, store, runtime), k))]
-            cross[f"held_out_{name}"] = {"fit_on": sorted({family(r["model"]) for r in fitted_on}),
+            got = [r["peak_rss_bytes"] / q for r, q in zip(held, predict_rows(held, store, runtime, k))]
+            cross[f"held_out_{name}"] = {"fit_on": sorted(set(families) - {name}),
                                          "constants": {f: getattr(k, f) for f in FITTED},
                                          "measured_over_predicted_max": max(got),
                                          "measured_over_predicted_min": min(got)}
         out[f"{runtime}_leave_one_family_out"] = cross
     return out
-
-
-FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies")
-
-
-def family(model: str) -> str:
-    """ResNets of every depth are one family."""
-    return "resnet" if model.startswith("resnet") else model
 
 
 def row_key(r: dict) -> tuple:

@@ -42,11 +42,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants  # noqa: E402
+from edgefl.calibration import DEFAULTS, RuntimeConstants, family  # noqa: E402
 from edgefl.cost import cost, step_peak_bytes  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
-from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound, predict  # noqa: E402
+from edgefl.upper_bound import FITTED, MARGIN_BYTES, MARGIN_FRACTION, fit_families  # noqa: E402
 from edgefl.upper_bound import grid as fit_grid  # noqa: E402
 from edgefl.zoo import ModelRef, model_names  # noqa: E402
 
@@ -106,10 +106,6 @@ def summary(errors: list[float]) -> tuple[float | None, float | None]:
     return max(a), statistics.median(a)
 
 
-def family(model: str) -> str:
-    return "resnet" if model.startswith("resnet") else model
-
-
 def peak_points(rows: list[dict], import_rss: int, store: ProfileStore) -> list[dict]:
     """Every measured torch peak as {model, where, terms, peak}: this benchmark's (import RSS + growth) and
     the device rows of bench/results/artifact_memory.json."""
@@ -131,37 +127,45 @@ def peak_points(rows: list[dict], import_rss: int, store: ProfileStore) -> list[
     return points
 
 
-def fit(points: list[dict], import_rss: int) -> RuntimeConstants:
-    base = replace(DEFAULTS["torch"], baseline_bytes=import_rss)
-    return fit_upper_bound([p["terms"] for p in points], [p["peak"] for p in points], base,
-                           factors=fit_grid(2.0, 0.01), trained_copies=fit_grid(2.0, 0.1),
-                           frozen_copies=fit_grid(1.0, 0.1),
-                           source=f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES // MiB} MiB) on {len(points)} "
-                                  "measured peaks (bench/memory_model.py)").constants
+def fit(points: list[dict], import_rss: int, exclude: str | None = None) -> RuntimeConstants:
+    """torch's constants on `points` (edgefl.upper_bound.fit_families); `exclude`: leave that family out."""
+    peaks: dict[str, tuple[list, list]] = {}
+    for p in points:
+        if family(p["model"]) != exclude:
+            terms, measured = peaks.setdefault(family(p["model"]), ([], []))
+            terms.append(p["terms"])
+            measured.append(p["peak"])
+    return fit_families(peaks, replace(DEFAULTS["torch"], baseline_bytes=import_rss), factors=fit_grid(2.0, 0.01),
+                        trained_copies=fit_grid(2.0, 0.1), frozen_copies=fit_grid(1.0, 0.1))
 
 
 def fit_summary(points: list[dict], import_rss: int) -> dict:
-    """The fit on every point, measured / predicted per family and where, and leave-one-family-out."""
+    """The fit on every point; measured / predicted per family and where (under the family's constants, and
+    under the generic ones a model of an unmeasured family gets); leave-one-family-out."""
     fitted = fit(points, import_rss)
     out = {"constants": asdict(fitted), "margin": f"max({MARGIN_FRACTION:.0%} of the peak, {MARGIN_BYTES} B)",
-           "points": len(points), "in_sample": {}, "leave_one_family_out": {}}
-    for p, q in zip(points, predict([p["terms"] for p in points], fitted)):
-        p["ratio"] = p["peak"] / q
+           "points": len(points), "in_sample": {}, "generic": {}, "leave_one_family_out": {}}
+    generic = replace(fitted, families=())
+    for p in points:
+        p["ratio"] = p["peak"] / p["terms"].peak(fitted.for_model(p["model"]))
+        p["ratio_generic"] = p["peak"] / p["terms"].peak(generic)
     for name in sorted({family(p["model"]) for p in points}):
         for where in ("emulation", "device"):
-            got = [p["ratio"] for p in points if family(p["model"]) == name and p["where"] == where]
-            if got:
-                out["in_sample"][f"{name}/{where}"] = {"peaks": len(got), "measured_over_predicted_min": min(got),
-                                                       "measured_over_predicted_max": max(got)}
-        k = fit([p for p in points if family(p["model"]) != name], import_rss)
-        held = [p for p in points if family(p["model"]) == name]
-        got = [p["peak"] / q for p, q in zip(held, predict([p["terms"] for p in held], k))]
+            mine = [p for p in points if family(p["model"]) == name and p["where"] == where]
+            if mine:
+                for key, field in (("in_sample", "ratio"), ("generic", "ratio_generic")):
+                    got = [p[field] for p in mine]
+                    out[key][f"{name}/{where}"] = {"peaks": len(got), "measured_over_predicted_min": min(got),
+                                                   "measured_over_predicted_max": max(got)}
+        k = replace(fit(points, import_rss, exclude=name), families=())
+        got = [p["peak"] / p["terms"].peak(k) for p in points if family(p["model"]) == name]
         out["leave_one_family_out"][f"held_out_{name}"] = {
-            "constants": {f: getattr(k, f) for f in ("workspace_fixed_bytes", "workspace_factor",
-                                                     "trained_weight_copies", "frozen_weight_copies")},
+            "constants": {f: getattr(k, f) for f in FITTED},
             "measured_over_predicted_min": min(got), "measured_over_predicted_max": max(got)}
     ratios = [p["ratio"] for p in points]
     out["measured_over_predicted_min"], out["measured_over_predicted_max"] = min(ratios), max(ratios)
+    for p in points:
+        del p["terms"]
     return out
 
 
@@ -322,7 +326,8 @@ def print_fit(f: dict) -> None:
           f"{k['workspace_factor']}, trained copies {k['trained_weight_copies']}, frozen copies "
           f"{k['frozen_weight_copies']}; measured/predicted {f['measured_over_predicted_min']:.3f}.."
           f"{f['measured_over_predicted_max']:.3f}")
-    for key, v in {**f["in_sample"], **f["leave_one_family_out"]}.items():
+    for key, v in {**f["in_sample"], **{f"generic {k}": v for k, v in f["generic"].items()},
+                   **f["leave_one_family_out"]}.items():
         print(f"   {key:<24} {v['measured_over_predicted_min']:.3f}..{v['measured_over_predicted_max']:.3f}")
 
 

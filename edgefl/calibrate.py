@@ -20,11 +20,11 @@ that `edgefl plan --calibration FILE` reads through `edgefl.calibration.load_cal
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants
+from edgefl.calibration import DEFAULTS, RuntimeConstants, family
 from edgefl.cost import PeakTerms, config_cost
 from edgefl.errors import ConfigError
 from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
@@ -42,6 +42,7 @@ class PeakSample:
     predicted_bytes: int     # the cost model's peak under the constants the run was planned with
     measured_bytes: int      # VmHWM of the device's training process
     terms: PeakTerms         # that peak as a function of the constants (edgefl.cost.PeakTerms)
+    model: str = ""          # the zoo model trained: its family's constants are the ones refitted
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ def _band(pairs: list[tuple[int, int]]) -> tuple[float, float]:
 
 def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConstants] = DEFAULTS,
                   runs: str = "") -> dict[str, RuntimeFit]:
+    """Per runtime, the fixed term of the constants its samples' model is priced with (its family's, or the
+    generic ones: RuntimeConstants.for_model) refitted as an upper bound on them; the shape is kept."""
     by_runtime: dict[str, list[PeakSample]] = {}
     for s in samples:
         if s.measured_bytes > 0:
@@ -76,14 +79,23 @@ def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConst
     for runtime, rows in sorted(by_runtime.items()):
         if runtime not in base:
             raise ConfigError(f"history names runtime {runtime!r}, which the cost model does not know")
-        old = base[runtime]
+        models = {r.model for r in rows}
+        if len(models) > 1:
+            raise ConfigError(f"calibrate one model's runs at a time: the runs train {', '.join(sorted(models))}")
+        model = models.pop()
+        old = base[runtime].for_model(model)
         where = f" of {runs}" if runs else ""
         fit = fit_upper_bound([r.terms for r in rows], [r.measured_bytes for r in rows], old,
                               source=f"edgefl calibrate: fixed term an upper bound (+{MARGIN_FRACTION:.0%}, >= "
                                      f"{MARGIN_BYTES >> 20} MiB) on {len(rows)} measured device peaks{where}")
+        new = fit.constants.workspace_fixed_bytes
+        placed = (base[runtime].with_family(model, new, old.workspace_factor, old.trained_weight_copies,
+                                            old.frozen_weight_copies)
+                  if any(f[0] == family(model) for f in base[runtime].families)
+                  else replace(base[runtime], workspace_fixed_bytes=new))
         before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
-        fits[runtime] = RuntimeFit(runtime, len(rows), fit.constants.workspace_fixed_bytes - old.workspace_fixed_bytes,
-                                   _band(before), fit.band, fit.constants)
+        fits[runtime] = RuntimeFit(runtime, len(rows), new - old.workspace_fixed_bytes, _band(before), fit.band,
+                                   replace(placed, source=fit.constants.source))
     return fits
 
 
@@ -121,13 +133,14 @@ def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], lis
                 step = group.step_at(record["round"])
                 configs = step.sequence or (step.config,)
                 costs = [config_cost(store, plan.model, c, group.runtime, DEFAULTS[group.runtime]) for c in configs]
-                config, terms = max(zip(configs, (c.terms for c in costs)), key=lambda ct: ct[1].peak(DEFAULTS[group.runtime]))
+                k = DEFAULTS[group.runtime].for_model(plan.model.name)
+                config, terms = max(zip(configs, (c.terms for c in costs)), key=lambda ct: ct[1].peak(k))
                 why = _refusal(config.batch_size, group.examples, int(examples.get(device, 0)), metrics.get(device, {}))
                 if why:
                     refused.append(Refused(device, record["round"], why))
                     continue
                 out.append(PeakSample(group.runtime, group.name, device, record["round"],
-                                      record["predicted_peak_bytes"][device], int(peak), terms))
+                                      record["predicted_peak_bytes"][device], int(peak), terms, plan.model.name))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{run}: not a served run with measured peaks ({type(exc).__name__}: {exc}); "
                           "calibrate needs the history.json and plan.json that 'edgefl serve --state DIR' writes") from None
@@ -140,8 +153,8 @@ def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], lis
 def calibration_json(fits: Mapping[str, RuntimeFit], refused: Iterable[Refused] = ()) -> dict:
     return {
         "schema": SCHEMA,
-        "runtimes": {r: {"workspace_fixed_bytes": f.constants.workspace_fixed_bytes, "source": f.constants.source}
-                     for r, f in fits.items()},
+        "runtimes": {r: {"workspace_fixed_bytes": f.constants.workspace_fixed_bytes, "families": f.constants.families,
+                         "source": f.constants.source} for r, f in fits.items()},
         "fit": {r: {"samples": f.samples, "shift_bytes": f.shift_bytes,
                     "measured_over_predicted_before": {"min": f.ratio_before[0], "max": f.ratio_before[1]},
                     "measured_over_predicted_after": {"min": f.ratio_after[0], "max": f.ratio_after[1]}}
@@ -150,15 +163,16 @@ def calibration_json(fits: Mapping[str, RuntimeFit], refused: Iterable[Refused] 
     }
 
 
-def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants]) -> list[str]:
-    """What a calibration file changes against the built-in constants, and why (its fit), one line per runtime."""
+def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants], model: str) -> list[str]:
+    """What a calibration file changes for `model` against the built-in constants, and why (its fit), one line
+    per runtime."""
     try:
         fits = json.loads(Path(path).read_text()).get("fit") or {}
     except (OSError, ValueError, AttributeError):
         fits = {}
     notes = []
     for runtime, k in constants.items():
-        old = DEFAULTS[runtime]
+        k, old = k.for_model(model), DEFAULTS[runtime].for_model(model)
         changed = [f for f in FITTED if getattr(k, f) != getattr(old, f)]
         if not changed:
             continue

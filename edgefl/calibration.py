@@ -12,7 +12,7 @@ JSON file that `load_calibration` reads instead.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from edgefl.errors import ConfigError
@@ -35,6 +35,29 @@ class RuntimeConstants:
     # byte of frozen weights beyond the weights (packed copies: XNNPACK's, MLAS's)
     trained_weight_copies: float = 0.0
     frozen_weight_copies: float = 0.0
+    # a runtime's memory depends on the graphs it runs: per model family whose peaks were measured
+    # (`family`), that family's own workspace terms (fixed bytes, factor, trained and frozen weight copies);
+    # a model of any other family gets the terms above, an upper bound over every measured family
+    families: tuple[tuple[str, int, float, float, float], ...] = ()
+
+    def for_model(self, model: str) -> "RuntimeConstants":
+        """The constants a model of zoo name `model` is priced with."""
+        name = family(model)
+        for f, fixed, factor, trained, frozen in self.families:
+            if f == name:
+                return replace(self, workspace_fixed_bytes=fixed, workspace_factor=factor,
+                               trained_weight_copies=trained, frozen_weight_copies=frozen, families=())
+        return self
+
+    def with_family(self, model: str, fixed: int, factor: float, trained: float, frozen: float) -> "RuntimeConstants":
+        name = family(model)
+        rest = tuple(f for f in self.families if f[0] != name)
+        return replace(self, families=tuple(sorted(rest + ((name, fixed, factor, trained, frozen),))))
+
+
+def family(model: str) -> str:
+    """A model's family for its memory constants: ResNets of every depth are one."""
+    return "resnet" if model.startswith("resnet") else model
 
 
 DEFAULTS: dict[str, RuntimeConstants] = {
@@ -101,7 +124,9 @@ def load_calibration(path: str | Path | None = None) -> dict[str, RuntimeConstan
         for runtime, values in data["runtimes"].items():
             if runtime not in DEFAULTS:
                 raise ConfigError(f"{path}: runtimes.{runtime}: unknown runtime; use one of {', '.join(DEFAULTS)}")
-            constants[runtime] = RuntimeConstants(**{**asdict(DEFAULTS[runtime]), **values})
+            merged = {**asdict(DEFAULTS[runtime]), **values}
+            merged["families"] = tuple(tuple(f) for f in merged["families"])
+            constants[runtime] = RuntimeConstants(**merged)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: not a calibration file ({exc}); regenerate it with 'edgefl calibrate'") from None
     return constants

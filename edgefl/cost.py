@@ -183,7 +183,8 @@ def step_peak_bytes(profile: ModelProfile, config: TrainConfig, aux: Optional[Au
 
 @dataclass(frozen=True)
 class PeakTerms:
-    """A config's peak memory as a function of a runtime's constants k (module doc):
+    """A config's peak memory as a function of a runtime's constants k (module doc; `k.for_model` of the
+    config's model):
 
         peak = k.baseline_bytes + k.workspace_fixed_bytes + floor + k.trained_weight_copies * trained_param_bytes
                + k.frozen_weight_copies * frozen_bytes + copies * max(0, k.workspace_factor * step_peak_bytes - kept_bytes)
@@ -229,7 +230,7 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
         raise ValueError("pass the aux profile exactly when the config has an auxiliary head")
     if tuple(e.boundary for e in exits) != config.exits:
         raise ValueError(f"pass one exit profile per boundary in {config.exits}")
-    k = constants or DEFAULTS[runtime]
+    k = (constants or DEFAULTS[runtime]).for_model(profile.model.name)
     profile, frozen_part, frozen_flops = low_rank_view(profile, config)
     a, b, layers, B, M = config.frozen_prefix, config.end, profile.layers, config.batch_size, config.copies
     heads = ([aux] if aux is not None else []) + list(exits)

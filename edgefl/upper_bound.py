@@ -77,3 +77,24 @@ def fit_upper_bound(terms: Sequence[PeakTerms], measured: Sequence[int], base: R
     constants = replace(base, workspace_fixed_bytes=fixed, workspace_factor=c, trained_weight_copies=t,
                         frozen_weight_copies=f, source=source or base.source)
     return Fit(constants, tuple(float(x) / p for x, p in zip(m, predict(terms, constants), strict=True)))
+
+
+FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies")
+
+
+def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants, *,
+                 source: str = "", **grids) -> RuntimeConstants:
+    """`base` with each family's own upper bound (`peaks`: family -> its terms and measured peaks;
+    RuntimeConstants.families) and, for models of any other family, term by term the largest any of them
+    needed: an upper bound for every measured family, and the most a new one can be promised. `grids` as
+    for `fit_upper_bound`."""
+    per = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
+           for name, (terms, measured) in sorted(peaks.items())}
+    n = sum(len(m) for _, m in peaks.values())
+    constants = replace(base, families=(), **{f: max(getattr(k, f) for k in per.values()) for f in FITTED},
+                        source=source or f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES >> 20} MiB) per family "
+                                         f"on {n} measured peaks of {', '.join(per)}; other models: each term the "
+                                         "largest of theirs")
+    for name, k in per.items():
+        constants = constants.with_family(name, *(getattr(k, f) for f in FITTED))
+    return constants

@@ -82,7 +82,7 @@ def plan(
 
         from edgefl.calibrate import calibration_notes, plan_changes
         without = strategy.plan(replace(ctx, constants=load_calibration(None), _costs={}))
-        result.notes.extend(calibration_notes(calibration, ctx.constants) + plan_changes(without, result))
+        result.notes.extend(calibration_notes(calibration, ctx.constants, ref.name) + plan_changes(without, result))
     if output is not None:
         result.write(output)
     if fmt is Format.json:

@@ -15,8 +15,8 @@ MiB = 2**20
 def _samples(runtime, residuals_mib, floor_mib=40):
     """Samples whose prediction under the defaults is known: a floor and nothing that scales."""
     terms = PeakTerms(floor=floor_mib * MiB, trained_param_bytes=0, frozen_bytes=0, step_peak_bytes=0, kept_bytes=0)
-    predicted = terms.peak(DEFAULTS[runtime])
-    return [PeakSample(runtime, "g", f"d{i}", 1, predicted, predicted + r * MiB, terms)
+    predicted = terms.peak(DEFAULTS[runtime].for_model("cnn"))
+    return [PeakSample(runtime, "g", f"d{i}", 1, predicted, predicted + r * MiB, terms, "cnn")
             for i, r in enumerate(residuals_mib)]
 
 
@@ -27,7 +27,9 @@ def test_the_fixed_term_covers_the_worst_device_with_its_margin():
     # the outlier sets the level, not the median: every peak is now predicted, with max(2%, 1 MiB) to spare
     assert ort.shift_bytes == 40 * MiB + int(0.02 * worst) + 1
     assert ort.ratio_before[1] > 1 and ort.ratio_after[1] == pytest.approx(1 / 1.02, abs=1e-6)
-    assert ort.constants.workspace_factor == DEFAULTS["ort"].workspace_factor      # the shape is the benchmark's
+    assert ort.constants.for_model("cnn").workspace_factor == DEFAULTS["ort"].for_model("cnn").workspace_factor
+    assert ort.constants.for_model("cnn").workspace_fixed_bytes == (DEFAULTS["ort"].for_model("cnn").workspace_fixed_bytes
+                                                                    + ort.shift_bytes)   # the level is the devices'
     assert ort.samples == 4
     # a runtime over-predicted everywhere gets tighter, still above every peak
     assert torch_fit.shift_bytes < 0 and torch_fit.ratio_after[1] <= 1 / 1.02 + 1e-9
@@ -39,7 +41,8 @@ def test_calibration_file_round_trips_through_the_planner_loader(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(calibration_json(fits)))
     constants = load_calibration(path)
-    assert constants["ort"].workspace_fixed_bytes == DEFAULTS["ort"].workspace_fixed_bytes + fits["ort"].shift_bytes
+    assert (constants["ort"].for_model("cnn").workspace_fixed_bytes
+            == DEFAULTS["ort"].for_model("cnn").workspace_fixed_bytes + fits["ort"].shift_bytes)
     assert constants["torch"] == DEFAULTS["torch"]
 
 
@@ -75,7 +78,7 @@ def test_samples_carry_the_peak_terms_of_the_config_each_device_trained(tmp_path
     assert [(s.runtime, s.group, s.device, s.measured_bytes) for s in samples] == [
         ("ort", "pis", "a", 100 * MiB), ("torch", "big", "b", 400 * MiB)]
     for s in samples:      # the terms reproduce the plan's prediction under the constants it was planned with
-        assert s.terms.peak(DEFAULTS[s.runtime]) == s.predicted_bytes
+        assert s.terms.peak(DEFAULTS[s.runtime].for_model("cnn")) == s.predicted_bytes
 
 
 @pytest.mark.parametrize("metrics, examples, reason", [
