@@ -4,7 +4,9 @@ For every instruction:
   1. refuse it, with the reason, when its predicted peak memory exceeds the memory this device declared
      (the coordinator should never send one; a device does not trust that it did not);
   2. fetch the artifact set (`DeviceLink.fetch_artifact`: only files the sha256 cache lacks travel, every
-     one verified; a frozen prefix is fetched once per weights version);
+     one verified; a frozen prefix is fetched once per weights version), and check the local data against
+     it (per-example shape, dtype, targets per example, labels within its classes): data it cannot take
+     fails the round with the one-line reason before any trainer starts;
   3. train it in a fresh child process (`edgefl.device_runtime.worker` through `child.run_child`, or for
      ExecuTorch sets the native trainer `edgefl-et-train`, which needs neither Python nor torch), so the
      peak RSS measured (the child's VmHWM; the kernel's ru_maxrss as well) is the training's own, with an
@@ -32,6 +34,7 @@ from edgefl.manifest import ArtifactSet, unflatten
 from edgefl.messages import DeviceReport
 from edgefl.device_runtime.child import run_child, run_process
 from edgefl.device_runtime.link import Unreadable
+from edgefl.device_runtime.local_data import ModelInput, check_labels, check_layout, open_local_data
 from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
 
@@ -78,6 +81,15 @@ class DeviceAgent:
             self.log(f"round {report.round}: {report.status}"
                      + (f" ({report.reason})" if report.reason else f", loss {report.loss_after:.4f}"))
 
+    def check_data(self, artifacts: ArtifactSet) -> None:
+        """The local data fits the set, or a ConfigError naming the data file. Its headers and labels only:
+        x's values were checked when the agent started (run_cmd), and the Python trainer checks them again as
+        it reads, the native trainer batch by batch."""
+        x, y = open_local_data(self.data)
+        model = ModelInput.of(artifacts)
+        check_layout(x, y, model)
+        check_labels(y, model.classes)
+
     def handle(self, assignment) -> tuple[DeviceReport, Optional[tuple]]:
         if isinstance(assignment, Unreadable):
             return DeviceReport(round=assignment.round, device_id=self.device_id, config_hash=assignment.config_hash,
@@ -95,12 +107,18 @@ class DeviceAgent:
             return report, None
         try:
             folder = self.link.fetch_artifact(assignment.artifacts[SET_ROLE], self.fetch_timeout_s)
-            suffix = ArtifactSet.open(folder).suffix
+            artifacts = ArtifactSet.open(folder)
         except EdgeflError as exc:
             report.reason = f"artifact: {exc}"
             return report, None
+        suffix = artifacts.suffix
         if suffix.backend != self.runtime:
             report.reason = f"refused: artifact exported for {suffix.backend}, this device trains with {self.runtime}"
+            return report, None
+        try:
+            self.check_data(artifacts)
+        except EdgeflError as exc:
+            report.reason = f"data: {exc}"
             return report, None
         with tempfile.TemporaryDirectory(prefix="edgefl-round-") as tmp:
             out = Path(tmp) / "upload.npy"

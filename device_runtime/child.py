@@ -4,11 +4,19 @@ The child gets the allocator policy the cost model is calibrated for (glibc's mm
 128 KiB through MALLOC_MMAP_THRESHOLD_, read by glibc at process start; edgefl.measure says why) and
 one thread per core it is given. The parent reads the child's peak RSS from the kernel (wait4's
 ru_maxrss) as well, so a child that dies mid-step, killed for memory, still has a measured peak.
+
+The child dies with its parent: an agent killed with SIGKILL (an OOM killer, `kill -9`, a crashed
+supervisor) cannot stop it, and an orphaned trainer would go on holding the device's memory and CPU for a
+round nobody waits for. On Linux the kernel sends it SIGKILL when the thread that started it exits
+(prctl PR_SET_PDEATHSIG, set between fork and exec and kept across exec); that thread waits for the child
+in `run_process`, so it outlives the child unless the agent dies.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -36,6 +44,28 @@ def child_env(threads: int = 1) -> dict[str, str]:
     return env
 
 
+PR_SET_PDEATHSIG = 1            # linux/prctl.h
+
+
+def _die_with_parent() -> Optional[Callable[[], None]]:
+    """The function the child runs between fork and exec to be killed when its parent dies (Linux; None
+    elsewhere). prctl and its arguments are made here, before fork: the child only makes the call (another
+    thread of the agent may hold a lock at fork that the child could never take)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    args, parent = (ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL)), os.getpid()
+
+    def preexec() -> None:
+        prctl(*args)
+        if os.getppid() != parent:      # the parent died before prctl: no signal will come
+            os._exit(1)
+    return preexec
+
+
 def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[float] = None,
               cap: Optional[MemoryCap] = None) -> ChildResult:
     """`python -m module '<spec json>'` in a fresh process (inside `cap` when given)."""
@@ -47,7 +77,8 @@ def run_process(argv: list[str], threads: int = 1, timeout_s: Optional[float] = 
     """`argv` in a fresh process that prints its result as the last stdout line (a Python child, or the
     native trainer)."""
     proc = subprocess.Popen(cap.wrap(argv) if cap is not None else argv, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env(threads))
+                            stderr=subprocess.PIPE, text=True, env=child_env(threads),
+                            preexec_fn=_die_with_parent())
     streams: dict[str, str] = {}
     readers = [threading.Thread(target=lambda n=n, f=f: streams.__setitem__(n, f.read()), daemon=True)
                for n, f in (("out", proc.stdout), ("err", proc.stderr))]

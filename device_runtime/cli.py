@@ -46,8 +46,30 @@ def _build_native(args) -> int:
     return 0
 
 
+def version() -> str:
+    """The installed edgefl distribution's version (pyproject.toml's, the one source of it)."""
+    from importlib.metadata import PackageNotFoundError, version as installed
+
+    try:
+        return installed("edgefl")
+    except PackageNotFoundError:
+        return "unknown (edgefl is not installed; pip install edgefl)"
+
+
+class _Version(argparse.Action):
+    """--version, looked up only when asked: reading package metadata costs every start tens of ms."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"edgefl-device {version()}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgefl-device", description="edgefl device agent")
+    parser.add_argument("--version", action=_Version, help="print the edgefl version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="what this device offers: memory, cores, installed runtimes")
     info.add_argument("--format", choices=("table", "json"), default="table")

@@ -6,6 +6,9 @@
     prefix = link.fetch(job.artifacts["prefix"])             # a verified file from the sha256 cache
     link.report(report)                                      # tensors as one flat float32 buffer, chunked
 
+A complete `fetch_artifact` says so on `up/metrics` (`{"state": "training"}`): from then on the device
+trains, which the coordinator's live view shows.
+
 `fetch` asks the coordinator for what the cache lacks (the chunks a previous, interrupted fetch did not
 get), checks every chunk's sha256 as it lands, acknowledges it (the coordinator keeps a window of
 chunks in flight), ignores duplicates, reports bad chunks so they are sent again, and checks the whole
@@ -197,6 +200,9 @@ class DeviceLink:
         if manifest.prefix_id is not None:
             self.fetch_artifact(manifest.prefix_id, timeout_s, folder / PREFIX_DIR)
         _place(source, folder / MANIFEST)
+        if into is None:     # the whole set is here: the coordinator's live view shows this device training
+            self.wire.publish(topics.metrics(self.device_id), envelopes.dumps({"state": "training",
+                                                                                "artifact": artifact}))
         return folder
 
     def _want(self, part, resend: bool) -> None:
@@ -262,7 +268,8 @@ class DeviceLink:
         if self._closed:
             return
         if self._profile is not None and self.wire.connected:
-            self.wire.publish(topics.presence(self.device_id), envelopes.presence(False, self.device_id), retain=True)
+            self.wire.publish(topics.presence(self.device_id),
+                              envelopes.presence(False, self.device_id, reason="it stopped"), retain=True)
         self._end(self.wire.close)
 
     def abort(self) -> None:

@@ -8,18 +8,30 @@ stays in the process's resident set). The native trainer (device_runtime/native)
 `open_local_data(path)` returns (x, y) as `Rows`: `len()`, `.shape`, `.dtype`, and indexing by an index
 array or a slice gives a numpy array of those rows. y's rows are an example's targets: (N,) for a
 classifier, (N, T) for a language model, whatever shape y.npy was saved in.
+
+Data is checked before anything trains on it, since a runtime trains on garbage without a word (labels
+past the classes gave a loss of -3e30; uint8 pixels of 0..255 were taken as normalised floats) or fails
+with its own error text. `check_values` holds for any model: numbers, no NaN or infinity, integer labels
+from 0 (-100 is the ignore index of language-model targets). `check_layout` holds for one artifact set
+(`ModelInput.of`, from its manifests): x's per-example shape and dtype, targets per example and classes.
+The checks read a bounded chunk at a time, as training does. The native trainer checks shapes, labels and
+NaN itself as it reads, but converts any numbers, so its callers run these checks before it starts.
 """
 from __future__ import annotations
 
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Optional
 
 import numpy as np
 
 from edgefl.errors import ConfigError
 
 HINT = "give a folder with x.npy and y.npy or an .npz (write one with 'edgefl data export')"
+IGNORE_INDEX = -100          # torch's cross-entropy default: a target that counts for nothing
+CHUNK_BYTES = 256 * 1024     # what a check holds at once: well below one training step's working set
 
 
 class Rows:
@@ -57,7 +69,11 @@ class Rows:
 
     def __getitem__(self, index) -> np.ndarray:
         if isinstance(index, slice):
-            index = np.arange(*index.indices(len(self)))
+            start, stop, step = index.indices(len(self))
+            if step == 1:       # one read, with no per-row bookkeeping: what evaluation and the checks ask for
+                out = self._read(start, max(stop - start, 0))
+                return out.astype(self.dtype, copy=False)
+            index = np.arange(start, stop, step)
         index = np.asarray(index, np.int64).reshape(-1)
         out = np.empty((len(index), *self.row_shape), self.stored)
         flat = out.reshape(len(index), -1).view(np.uint8) if self.row_bytes else None
@@ -69,14 +85,24 @@ class Rows:
                 end += 1
             if index[start] < 0 or index[end - 1] >= len(self):
                 raise IndexError(f"{self.name}: row {index[start]} of {len(self)}")
-            want = (end - start) * self.row_bytes
-            data = os.pread(self._fd, want, self.offset + int(index[start]) * self.row_bytes)
-            if len(data) != want:
-                raise ConfigError(f"{self.name}: the file ends early; write the data again")
             if flat is not None:
-                flat[start:end] = np.frombuffer(data, np.uint8).reshape(end - start, self.row_bytes)
+                flat[start:end] = self._read(int(index[start]), end - start).reshape(end - start, -1).view(np.uint8)
             start = end
         return out.astype(self.dtype, copy=False)
+
+    def _read(self, first: int, count: int) -> np.ndarray:
+        """Rows first..first+count-1 as stored, read straight into a fresh array."""
+        out = np.empty((count, *self.row_shape), self.stored)
+        if out.nbytes and os.preadv(self._fd, [memoryview(out).cast("B")],
+                                    self.offset + first * self.row_bytes) != out.nbytes:
+            raise ConfigError(f"{self.name}: the file ends early; write the data again")
+        return out
+
+    def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, rows as stored) over all rows, CHUNK_BYTES at a time (at least a row)."""
+        step = max(1, CHUNK_BYTES // max(self.row_bytes, 1))
+        for first in range(0, len(self), step):
+            yield first, self._read(first, min(step, len(self) - first))
 
 
 def _rows(handle, path: Path, name: str) -> Rows:
@@ -139,7 +165,88 @@ def open_local_data(path: Path) -> tuple[Rows, Rows]:
                           f"{HINT}") from None
     targets = int(np.prod(y.shape, dtype=np.int64))
     if len(x) == 0 or targets % len(x):
-        raise ConfigError(f"--data {path}: x has {len(x)} examples and y {targets} targets; y needs a whole number "
-                          "of targets per example")
+        raise ConfigError(f"{y.name if len(x) else x.name}: x has {len(x)} examples and y {targets} targets; y "
+                          "needs a whole number of targets per example")
+    if len(y.shape) > 1 and y.shape[0] != len(x):
+        raise ConfigError(f"{y.name}: {y.shape[0]} rows of targets, x has {len(x)} examples; give y one row of "
+                          "targets per example of x")
     per_example = targets // len(x)
     return x, y.reshaped((per_example,) if per_example > 1 else ())
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """What an artifact set trains on, as its manifests say."""
+    row_shape: tuple            # one example of x
+    dtype: np.dtype             # the model input's: float32 (images, features) or int64 (token ids)
+    targets: int                # per example: 1 for a classifier, one per position for a token model
+    classes: Optional[int]      # the logits' width; labels are 0..classes-1
+
+    @classmethod
+    def of(cls, artifacts) -> "ModelInput":
+        """From an `edgefl.manifest.ArtifactSet`: the model's first input, the suffix's labels input (its last)
+        and logits output (its second)."""
+        first, suffix = (artifacts.prefix or artifacts.suffix).inputs[0], artifacts.suffix
+        dtype, row = np.dtype(first.dtype), tuple(first.shape[1:])
+        labels = suffix.inputs[-1].shape
+        if all(isinstance(d, int) for d in labels) and suffix.batch_size:
+            targets = int(np.prod(labels, dtype=np.int64)) // suffix.batch_size    # a fixed-batch program
+        else:   # rows of logits per example, as edgefl.zoo's example_target gives them
+            targets = int(np.prod(row, dtype=np.int64)) if dtype.kind in "iu" else 1
+        logits = suffix.outputs[1].shape if len(suffix.outputs) > 1 else ()
+        classes = logits[-1] if logits and isinstance(logits[-1], int) else None
+        return cls(row, dtype, targets, classes)
+
+
+def _numeric(x: Rows) -> None:
+    if x.dtype.kind not in "fiu":
+        raise ConfigError(f"{x.name}: values of dtype {x.dtype}; save x as float32 (images, features) or int64 "
+                          "(token ids), as 'edgefl data export' does")
+
+
+def check_layout(x: Rows, y: Rows, model: ModelInput) -> None:
+    """x and y have the shape and kind of numbers `model` takes (the headers only: nothing is read)."""
+    if tuple(x.row_shape) != tuple(model.row_shape):
+        raise ConfigError(f"{x.name}: examples of shape {tuple(x.row_shape)}, the artifact takes "
+                          f"{tuple(model.row_shape)}; export data for this model")
+    _numeric(x)
+    if model.dtype.kind == "f" and x.dtype.kind != "f":
+        raise ConfigError(f"{x.name}: {x.dtype} values, the model takes {model.dtype} inputs; convert them as "
+                          f"'edgefl data export' writes them (uint8 images: x.astype('float32') / 255)")
+    if model.dtype.kind in "iu" and x.dtype.kind not in "iu":
+        raise ConfigError(f"{x.name}: {x.dtype} values, the model takes {model.dtype} token ids; save x as int64")
+    per_example = int(np.prod(y.row_shape, dtype=np.int64))
+    if per_example != model.targets:
+        want = f"({len(x)},)" if model.targets == 1 else f"({len(x)}, {model.targets})"
+        raise ConfigError(f"{y.name}: {per_example} targets per example of x, the model trains on "
+                          f"{model.targets}; give y of shape {want}")
+
+
+def check_labels(y: Rows, classes: Optional[int] = None) -> None:
+    """Every target an integer in 0..classes-1 (>= 0 without a model) or the ignore index."""
+    if y.dtype.kind not in "iu":
+        raise ConfigError(f"{y.name}: labels of dtype {y.dtype}; labels are class indices: save y as int64")
+    for first, chunk in y.chunks():
+        labels = chunk.reshape(len(chunk), -1).astype(np.int64, copy=False)
+        bad = (labels < 0) if classes is None else (labels >= classes) | (labels < 0)
+        bad &= labels != IGNORE_INDEX
+        if bad.any():
+            row = int(np.flatnonzero(bad.any(axis=1))[0])
+            value = int(labels[row][bad[row]][0])
+            where = f"{y.name}: target {value} of example {first + row}"
+            if classes is None:
+                raise ConfigError(f"{where} is negative; give class indices from 0 ({IGNORE_INDEX} to ignore one)")
+            raise ConfigError(f"{where} is outside the model's {classes} classes; give labels 0..{classes - 1} "
+                              f"({IGNORE_INDEX} to ignore one)")
+
+
+def check_values(x: Rows, y: Rows, classes: Optional[int] = None) -> None:
+    """x holds numbers, none NaN or infinite; y holds labels (`check_labels`). Reads both once, a chunk at a time."""
+    _numeric(x)
+    if x.dtype.kind == "f":
+        for first, chunk in x.chunks():
+            finite = np.isfinite(chunk.reshape(len(chunk), -1)).all(axis=1)
+            if not finite.all():
+                raise ConfigError(f"{x.name}: example {first + int(np.argmin(finite))} holds NaN or infinity; "
+                                  "fix or drop it before training")
+    check_labels(y, classes)

@@ -7,7 +7,9 @@ space instead, which is stricter than the budget (mapped but untouched pages cou
 reserves much virtual memory may fail under it while using less.
 
 The child joins its cgroup (or sets its limit) in a `sh -c '...; exec python ...'` prefix, before the
-interpreter starts: everything it allocates is accounted, and no Python runs between fork and exec.
+interpreter starts: everything it allocates is accounted, and the only Python between fork and exec is
+the one prctl call that ties the child's life to its parent's (edgefl.device_runtime.child). `exec` keeps
+the child's pid and that tie.
 """
 from __future__ import annotations
 

@@ -1,14 +1,21 @@
 """The device's link over MQTT: `DeviceLink` on a paho connection whose client id is the device id, with
 a persistent session (instructions and chunks sent while the device is away wait at the broker) and a
-retained last will on `fl/v1/presence/<device>` that marks it offline when the connection is lost."""
+retained last will on `fl/v1/presence/<device>` that marks it offline when the connection is lost.
+
+Connecting checks that the broker takes this device's publishes on its own `up/` (the PUBACK's reason
+code: mosquitto refuses what its ACL denies with 0x87 and drops it): another device's login connects
+fine but is heard by nobody, so it fails here with the device id and the credentials file."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
+from edgefl.errors import TransportError
 from edgefl.transport import envelopes, topics
 from edgefl.transport.mqtt_wire import MqttWire
 from edgefl.device_runtime.link import DeviceLink
+
+LOST = "its connection was lost (last will)"   # what its presence says when the broker sends the will
 
 
 class MqttLink(DeviceLink):
@@ -19,6 +26,13 @@ class MqttLink(DeviceLink):
         None for a broker without logins); `cache_dir`: the sha256-addressed artifact cache."""
         topics.check_device_id(device_id)
         wire = MqttWire(url, device_id, credentials=credentials, ca_file=ca_file, session_expiry_s=session_expiry_s,
-                        will=(topics.presence(device_id), envelopes.presence(False, device_id)),
+                        will=(topics.presence(device_id), envelopes.presence(False, device_id, reason=LOST)),
                         max_packet_size=max_packet_size)
+        refusal = wire.confirm(topics.hello(device_id), envelopes.dumps({"device": device_id}))
+        if refusal is not None:
+            wire.close()
+            login = f"--credentials {credentials}" if credentials is not None else "no --credentials (anonymous)"
+            raise TransportError(f"{device_id}: the broker at {wire.url} refused its publish on its own up/ topic "
+                                 f"({refusal}): {login} is not {device_id}'s login, so nobody would hear it; give "
+                                 f"credentials/{device_id}.json from 'edgefl broker config'")
         super().__init__(wire, device_id, cache_dir, stall_s=stall_s, resend_after_s=resend_after_s)

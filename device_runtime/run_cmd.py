@@ -7,8 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from edgefl.errors import ConfigError
-from edgefl.units import parse_bytes
+from edgefl.units import format_bytes, parse_bytes
 
 
 def add_parser(sub) -> None:
@@ -18,7 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--credentials", type=Path, help="this device's login file {username, password}")
     p.add_argument("--ca-file", type=Path, help="the broker's CA certificate (mqtts)")
     p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
-    p.add_argument("--runtime", required=True, choices=("ort", "executorch", "torch"))
+    p.add_argument("--runtime", choices=("ort", "executorch", "torch"),
+                   help="the training runtime (default: the --profile's)")
     p.add_argument("--trainer", choices=("auto", "native", "python"), default="auto",
                    help="ExecuTorch sets: the native trainer (auto, built with 'edgefl-device build-native') or the "
                         "Python reference trainer (imports torch)")
@@ -36,12 +36,18 @@ def add_parser(sub) -> None:
     p.add_argument("--rounds", type=int, help="stop after this many rounds (default: serve until stopped)")
 
 
-def _device_facts(args) -> tuple[int | None, float]:
-    """(memory budget bytes, active power W) from --memory/--power, else the profile, else none/1 core's worth."""
+def _device_facts(args) -> tuple[int | None, float, str]:
+    """(memory budget bytes, active power W, runtime) from --memory/--power/--runtime, else the profile, else
+    none / 0 W (a sensor must measure) / an error."""
+    from edgefl.errors import ConfigError
     from edgefl.hardware.profiles import load_profile
     from edgefl.units import parse_watts
 
     profile = load_profile(args.profile) if args.profile else None
+    runtime = args.runtime or (profile.runtime if profile else None)
+    if runtime is None:
+        raise ConfigError("--runtime: not given and no --profile to take it from; give --runtime ort|executorch|torch "
+                          "or the device's --profile")
     memory = parse_bytes(args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
     if args.power:
         power = parse_watts(args.power)
@@ -49,36 +55,37 @@ def _device_facts(args) -> tuple[int | None, float]:
         power = profile.power_active_w
     else:
         power = 0.0   # fine with a sensor; without one select_meter asks for --power or --profile
-    return memory, power
+    return memory, power, runtime
 
 
 def run(args: argparse.Namespace) -> int:
     from edgefl.device_runtime.agent import DeviceAgent
+    from edgefl.device_runtime.local_data import check_values, open_local_data
     from edgefl.device_runtime.mqtt_link import MqttLink
     from edgefl.device_runtime.native import choose
     from edgefl.hardware.energy import select_meter
 
-    if not args.data.exists():
-        raise ConfigError(f"--data {args.data}: not found; give a folder with x.npy and y.npy or an .npz "
-                          "(write one with 'edgefl data export')")
-    memory, power = _device_facts(args)
+    # what holds for any model, before connecting: every round would fail on it (each round's set is
+    # checked against its own manifest when it arrives)
+    check_values(*open_local_data(args.data))
+    memory, power, runtime = _device_facts(args)
     def meter():
         return select_meter(args.energy, power_active_w=power, i2c_bus=args.i2c_bus)
 
     meter()   # a missing sensor or power figure fails now, not in the middle of a round
-    choose(args.runtime, args.trainer)   # and so does an unbuilt native trainer, before connecting
+    choose(runtime, args.trainer)   # and so does an unbuilt native trainer, before connecting
 
     link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
-    agent = DeviceAgent(link, args.id, args.data, args.runtime, memory_bytes=memory, meter=meter,
+    agent = DeviceAgent(link, args.id, args.data, runtime, memory_bytes=memory, meter=meter,
                         threads=args.threads, enforce_memory=args.enforce_memory, trainer=args.trainer,
                         log=lambda line: print(f"{args.id}: {line}", flush=True))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     link.announce(agent.profile({"profile": args.profile, "power_w": power}))
-    print(f"{args.id}: online at {args.broker}, runtime {args.runtime}"
+    print(f"{args.id}: online at {args.broker}, runtime {runtime}"
           + (f" (native trainer {agent.native})" if agent.native else "")
-          + (f", memory {memory} B" if memory else ""), flush=True)
+          + (f", memory {format_bytes(memory)}" if memory else ""), flush=True)
     try:
         agent.serve(stop, args.rounds)
     finally:
@@ -88,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main_argv(argv: list[str]) -> list[str]:
     """`edgefl-device --id ...` means `edgefl-device run --id ...`."""
-    if argv and argv[0].startswith("--") and argv[0] not in ("-h", "--help"):
+    if argv and argv[0].startswith("--") and argv[0] not in ("-h", "--help", "--version"):
         return ["run", *argv]
     return argv
 

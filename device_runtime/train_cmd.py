@@ -7,7 +7,9 @@ MALLOC_MMAP_THRESHOLD_ in the child's environment (read by glibc at start; edgef
 For the ort runtime the child blocks torch from import, so nothing can pull it in unseen.
 
 Data: a folder holding x.npy and y.npy, or an .npz holding arrays x and y (`edgefl data export` writes
-one client's share), read a batch at a time. Loss before/after is the eval-mode loss on the first `--eval-examples` examples.
+one client's share), read a batch at a time and checked against the set before the first step (`load_data`):
+data the model cannot take is a one-line error naming the file, never a trained-on garbage loss. Loss
+before/after is the eval-mode loss on the first `--eval-examples` examples.
 """
 from __future__ import annotations
 
@@ -39,17 +41,17 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table")
 
 
-def load_data(path: Path, trainer) -> tuple:
-    """The local data at `path` checked against the trainer's set, read a batch at a time
-    (edgefl.device_runtime.local_data): x as the model input's dtype, y one entry per example."""
-    from edgefl.device_runtime.local_data import open_local_data
+def load_data(path: Path, artifacts) -> tuple:
+    """The local data at `path`, checked against the artifact set (an edgefl.manifest.ArtifactSet) before
+    anything trains on it, read a batch at a time (edgefl.device_runtime.local_data): x as the model
+    input's dtype, y one entry per example."""
+    from edgefl.device_runtime.local_data import ModelInput, check_layout, check_values, open_local_data
 
     x, y = open_local_data(path)
-    first_input = (trainer.artifacts.prefix or trainer.manifest).inputs[0]
-    if tuple(x.shape[1:]) != tuple(first_input.shape[1:]):
-        raise ConfigError(f"--data {path}: examples of shape {tuple(x.shape[1:])}, the artifact takes "
-                          f"{tuple(first_input.shape[1:])}; export data for this model")
-    return x.astype(first_input.dtype), y
+    model = ModelInput.of(artifacts)
+    check_layout(x, y, model)
+    check_values(x, y, model.classes)
+    return x.astype(model.dtype), y
 
 
 def _status(field: str) -> int:
@@ -64,7 +66,7 @@ def train(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     trainer = open_trainer(args.artifacts, args.runtime, threads=args.threads)
     m = trainer.manifest
-    x, y = load_data(args.data, trainer)
+    x, y = load_data(args.data, trainer.artifacts)
     loaded_rss = _status("VmRSS")
     n = min(len(x), args.eval_examples)
     skipped = {"loss": None, "accuracy": None}
@@ -98,6 +100,11 @@ def run(args: argparse.Namespace) -> int:
               "--seed", args.seed, "--threads", args.threads, "--eval-examples", args.eval_examples]
     native = choose(args.runtime or _backend(args.artifacts) or "", args.trainer)
     if native is not None:
+        from edgefl.manifest import ArtifactSet
+
+        # the native trainer checks shapes, labels and NaN itself but takes any numbers it can convert
+        # (uint8 pixels as floats of 0..255): the whole check runs here, before it starts
+        load_data(args.data, ArtifactSet.open(args.artifacts, verify=False))
         report = check(run_process([str(a) for a in (native, *common)], args.threads))
         renamed = {"loss_first": "first_step_loss", "loss_last": "last_step_loss",
                    "upload_bytes": "trained_tensor_bytes", "wall_s": "wall_seconds"}

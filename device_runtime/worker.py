@@ -35,7 +35,7 @@ def train(spec: dict) -> dict:
 
     t0 = time.perf_counter()
     trainer = open_trainer(spec["artifacts"], spec.get("runtime"), threads=spec.get("threads", 1))
-    x, y = load_data(Path(spec["data"]), trainer)
+    x, y = load_data(Path(spec["data"]), trainer.artifacts)
     rng = np.random.default_rng(spec["seed"])
     losses = []
     # the plan's FLOPs assume `max_examples` per pass: a device holding more trains on that many, drawn anew

@@ -11,6 +11,10 @@
 
 A group's profile supplies defaults (memory budget, runtime); the group's own keys override them.
 Every error names the file, the field and the fix, in one line.
+
+Device ids: `ids: [...]` lists them; `count: N` names them `<group>-0` ... `<group>-<N-1>` (`device_id`),
+never padded, so an id does not depend on the count: a fleet of 2 and one of 40 both have `zero-0` and
+`zero-1`, and the logins of a full deployment serve a subset fleet file.
 """
 from __future__ import annotations
 
@@ -116,6 +120,11 @@ class Fleet:
             if g.name == name:
                 return g
         raise KeyError(f"no group {name!r} in fleet {self.name!r}; groups: {', '.join(g.name for g in self.groups)}")
+
+
+def device_id(group: str, index: int) -> str:
+    """The id `count: N` gives a group's device `index` (0-based); independent of N."""
+    return f"{group}-{index}"
 
 
 def load_fleet(path: str | Path) -> Fleet:
@@ -238,7 +247,7 @@ def _resolve(body: FleetBody, where: str) -> Fleet:
                 profile = load_profile(g.profile)
             except ConfigError as exc:
                 raise ConfigError(f"{at}.profile: {exc}") from None
-        ids = tuple(g.ids) if g.ids is not None else tuple(f"{name}-{i:0{len(str(g.count))}d}" for i in range(g.count))
+        ids = tuple(g.ids) if g.ids is not None else tuple(device_id(name, i) for i in range(g.count))
         clash = seen.intersection(ids)
         if clash:
             key = "ids" if g.ids is not None else "count"

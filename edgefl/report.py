@@ -1,143 +1,118 @@
 """`edgefl report`: a static HTML page with PNG plots comparing runs (emulated or served).
 
-Plots: accuracy vs round, vs cumulative upload and vs cumulative device FLOPs (SLT Fig. 4 style),
-devices taking part per group and round (who the method leaves out), and each group's predicted peak
-memory against its budget (from the run's plan) and, for a served run, the peak RSS its devices measured,
-with the median prediction error in the summary table.
+The page opens with a summary table and the plots that compare runs: accuracy and loss per round, accuracy
+against cumulative upload and against cumulative device FLOPs (SLT Fig. 4 style). A section per run
+follows: its settings (read from the run folder), its groups (excluded ones with the planner's reason),
+what became of the devices sampled each round, accuracy on each group's data, each group's predicted peak
+memory against its budget and, for a served run, the peak RSS its devices measured, and a per-device table
+of predicted vs measured memory, energy and bytes moved. Reading the runs is `report_runs`, the figures
+`report_plots`, the markup `report_html`; this module puts them in order and writes the folder.
 """
 from __future__ import annotations
 
-import html
-import json
 from pathlib import Path
+from typing import Callable
 
-from edgefl.errors import ConfigError, require
-from edgefl.plan import Plan
+from edgefl import report_html as h
+from edgefl.errors import require
+from edgefl.outdir import check_output, make_output
+from edgefl.report_runs import Run, device_rows, group_rows, load_run, participation, prediction_error, settings
+from edgefl.units import format_bytes
 
-
-def _load(run: Path) -> dict:
-    try:
-        history = json.loads((run / "history.json").read_text())
-    except OSError:
-        raise ConfigError(f"{run}: no history.json; give a folder written by 'edgefl emulate -o' or 'edgefl serve'") from None
-    except ValueError as exc:
-        raise ConfigError(f"{run}/history.json: not JSON ({exc})") from None
-    plan = Plan.read(run / "plan.json")
-    return {"name": run.name, "rounds": history["rounds"], "plan": plan}
+__all__ = ["write_report", "prediction_error"]
 
 
-def _cumulative(values):
-    total, out = 0.0, []
-    for v in values:
-        total += v or 0
-        out.append(total)
-    return out
+def _is_report(folder: Path) -> bool:
+    """What --force may replace: a folder of only an earlier report's page and images."""
+    return all(p.is_file() and p.suffix in (".html", ".png") for p in folder.iterdir())
 
 
-def _finish(plt, fig, ax, path, xlabel, ylabel, title=None):
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
-    plt.close(fig)
+def _number(x, fmt: str, absent: str) -> str:
+    return absent if x is None else format(x, fmt)
 
 
-def _accuracy_plot(plt, runs, x_of, xlabel, path):
-    fig, ax = plt.subplots(figsize=(6, 4))
+def _summary(runs: list[Run]) -> str:
+    rows = []
     for run in runs:
-        pts = [(x, r["accuracy"]) for x, r in zip(x_of(run), run["rounds"], strict=True) if r["accuracy"] is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=run["name"])
-    _finish(plt, fig, ax, path, xlabel, "test accuracy")
+        trained = [participation(r)["trained"] for r in run.rounds]
+        rows.append([run.name, run.kind, run.plan.method, run.plan.model.label(), len(run.rounds),
+                     _number(run.final("accuracy"), ".4f", "not evaluated"),
+                     _number(run.final("loss"), ".4f", "not evaluated"),
+                     f"{sum(trained) / len(trained):.1f}" if trained else "-",
+                     format_bytes(sum(r.get("upload_bytes") or 0 for r in run.rounds)),
+                     format_bytes(sum(r.get("download_bytes") or 0 for r in run.rounds)),
+                     _number(prediction_error(run), ".1%", "not measured (emulated)" if not run.served
+                             else "no peaks reported")])
+    return h.table(["run", "kind", "method", "model", "rounds", "final accuracy", "final test loss",
+                    "devices trained per round (mean)", "upload (total)", "download (total)",
+                    "peak memory prediction error (median)"], rows)
 
 
-def _participation_plot(plt, run, path):
-    fig, ax = plt.subplots(figsize=(6, 4))
-    groups = sorted(run["plan"].groups)
-    rounds = [r["round"] for r in run["rounds"]]
-    for g in groups:
-        ax.plot(rounds, [r["participating_devices"].get(g, 0) for r in run["rounds"]], marker=".", label=g)
-    _finish(plt, fig, ax, path, "round", "devices that trained", run["name"])
+def _names(folders: list[Path]) -> list[str]:
+    """Folder names, or whole paths where two runs share a name."""
+    names = [f.name for f in folders]
+    return [f.name if names.count(f.name) == 1 else str(f) for f in folders]
 
 
-def _memory_plot(plt, run, path):
-    plan = run["plan"]
-    names = sorted(plan.groups)
-    budget = [plan.groups[n].memory_budget_bytes / 2**20 for n in names]
-    peak = [max((s.predicted.peak_memory_bytes for s in plan.groups[n].steps), default=0) / 2**20 for n in names]
-    measured = _measured_peaks(run)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = range(len(names))
-    width = 0.27 if measured else 0.4
-    ax.bar([x - width / 2 * (2 if measured else 1) for x in xs], budget, width=width, label="budget")
-    ax.bar([x if measured else x + 0.2 for x in xs], peak, width=width, label="predicted peak (max over steps)")
-    if measured:
-        ax.bar([x + width for x in xs], [max(measured.get(n, [0])) / 2**20 for n in names], width=width,
-               label="measured peak RSS (max over reports)")
-    ax.set_xticks(list(xs), names, rotation=20)
-    _finish(plt, fig, ax, path, "device group", "MiB", run["name"])
-
-
-def _measured_peaks(run) -> dict[str, list[int]]:
-    """Per group, the peak RSS devices reported (served runs; emulated runs have none)."""
-    out: dict[str, list[int]] = {}
-    for r in run["rounds"]:
-        for device, peak in (r.get("measured_peak_bytes") or {}).items():
-            out.setdefault(r["sampled"][device], []).append(peak)
-    return out
-
-
-def prediction_error(run) -> float | None:
-    """Median |predicted - measured| / measured peak over a served run's reports."""
-    errs = sorted(abs(r["predicted_peak_bytes"][d] - m) / m for r in run["rounds"]
-                  for d, m in (r.get("measured_peak_bytes") or {}).items() if m)
-    return errs[len(errs) // 2] if errs else None
-
-
-def _percent(x) -> str:
-    return "not measured (emulated)" if x is None else f"{x:.1%}"
-
-
-def write_report(runs: list[Path], out: Path) -> Path:
+def write_report(runs: list[Path], out: Path, force: bool = False) -> Path:
     require("matplotlib", "report")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from edgefl import report_plots as plots
 
-    loaded = [_load(Path(r)) for r in runs]
-    out.mkdir(parents=True, exist_ok=True)
-    figures = [
-        ("accuracy_vs_round.png", "Accuracy per round",
-         lambda p: _accuracy_plot(plt, loaded, lambda r: [x["round"] for x in r["rounds"]], "round", p)),
-        ("accuracy_vs_upload.png", "Accuracy vs cumulative upload",
-         lambda p: _accuracy_plot(plt, loaded, lambda r: [b / 1e6 for b in _cumulative(x["upload_bytes"] for x in r["rounds"])],
-                                  "cumulative upload (MB)", p)),
-        ("accuracy_vs_flops.png", "Accuracy vs cumulative device FLOPs",
-         lambda p: _accuracy_plot(plt, loaded, lambda r: [f / 1e12 for f in _cumulative(x["flops"] for x in r["rounds"])],
-                                  "cumulative device TFLOP", p)),
-    ]
+    folders = [Path(r) for r in runs]
+    loaded = [load_run(f) for f in folders]
+    for run, name in zip(loaded, _names(folders), strict=True):
+        run.name = name
+    check_output(out, force, "report", _is_report)
+    make_output(out, force)
+
+    def draw(name: str, title: str, caption: str, make: Callable) -> str:
+        make().savefig(out / name, format="png", dpi=plots.DPI)
+        return h.figure(name, title, caption)
+
+    blocks = [h.heading("edgefl report", 1), _summary(loaded), h.heading("Comparison"),
+              draw("accuracy_vs_round.png", "Accuracy per round",
+                   "Test accuracy of the global model after each evaluated round, one line per run.",
+                   lambda: plots.accuracy_vs_round(loaded)),
+              draw("loss_vs_round.png", "Loss per round",
+                   "Test loss of the global model (solid) and the mean training loss devices reported after "
+                   "their local training (dashed), per round.", lambda: plots.loss_vs_round(loaded)),
+              draw("accuracy_vs_upload.png", "Accuracy vs cumulative upload",
+                   "Test accuracy against the bytes devices have uploaded so far: the communication a method "
+                   "spends for an accuracy.", lambda: plots.accuracy_vs_cumulative(loaded, "upload_bytes")),
+              draw("accuracy_vs_flops.png", "Accuracy vs cumulative device FLOPs",
+                   "Test accuracy against the training FLOPs devices have been given so far (the plan's FLOPs "
+                   "per sample x examples x local epochs).", lambda: plots.accuracy_vs_cumulative(loaded, "flops"))]
     for i, run in enumerate(loaded):
-        figures.append((f"participation_{i}.png", f"Participation per group: {run['name']}",
-                        lambda p, run=run: _participation_plot(plt, run, p)))
-        figures.append((f"memory_{i}.png", f"Peak memory vs budget: {run['name']}",
-                        lambda p, run=run: _memory_plot(plt, run, p)))
-    sections = []
-    for name, title, draw in figures:
-        draw(out / name)
-        sections.append(f'<h2>{html.escape(title)}</h2>\n<img src="{name}" alt="{html.escape(title)}">')
-    rows = "".join(
-        f"<tr><td>{html.escape(r['name'])}</td><td>{html.escape(r['plan'].method)}</td>"
-        f"<td>{html.escape(r['plan'].model.label())}</td><td>{len(r['rounds'])}</td>"
-        f"<td>{next((x['accuracy'] for x in reversed(r['rounds']) if x['accuracy'] is not None), float('nan')):.4f}</td>"
-        f"<td>{_percent(prediction_error(r))}</td></tr>"
-        for r in loaded)
+        blocks += _run_section(i, run, draw, plots)
     page = out / "index.html"
-    page.write_text(
-        "<!doctype html>\n<html><head><meta charset='utf-8'><title>edgefl report</title></head><body>\n"
-        "<h1>edgefl report</h1>\n<table border='1' cellpadding='4'><tr><th>run</th><th>method</th><th>model</th>"
-        f"<th>rounds</th><th>final accuracy</th><th>peak memory prediction error (median)</th></tr>{rows}</table>\n" + "\n".join(sections) + "\n</body></html>\n")
+    page.write_text(h.page("edgefl report", blocks))
     return page
+
+
+def _run_section(i: int, run: Run, draw: Callable, plots) -> list[str]:
+    blocks = [h.heading(f"Run {run.name} ({run.kind})", anchor=f"run-{i}"), h.heading("Settings", 3),
+              h.table(["setting", "value"], settings(run)), h.heading("Device groups", 3),
+              h.records_table(group_rows(run)),
+              draw(f"participation_{i}.png", f"Participation per round: {run.name}",
+                   "What became of the devices sampled in each round: trained (report accepted), skipped (not "
+                   "sent: offline, or no configuration fits its group), failed (e.g. out of memory), rejected "
+                   "(report refused), missing (no report by the deadline); the black outline is how many were "
+                   "sampled.", lambda: plots.participation_per_round(run))]
+    if any(r.get("group_accuracy") for r in run.rounds):
+        blocks.append(draw(f"group_accuracy_{i}.png", f"Accuracy per group: {run.name}",
+                           "Accuracy of the global model on a sample of each group's local training data, per "
+                           "evaluated round: how well the shared model serves each group's data; dotted: groups "
+                           "the plan excludes from training.", lambda: plots.group_accuracy(run)))
+    else:
+        blocks.append(h.note("Accuracy per group: none recorded in this run's history."))
+    measured = " and the largest peak RSS its devices measured" if run.served else ""
+    blocks.append(draw(f"memory_{i}.png", f"Peak memory vs budget: {run.name}",
+                       f"Per device group: its memory budget, the predicted training peak (largest over the "
+                       f"plan's steps){measured}. An excluded group has no predicted bar and shows the "
+                       "planner's reason.", lambda: plots.memory_per_group(run)))
+    if run.served:
+        blocks += [h.heading("Devices", 3),
+                   h.note("Per device, over the rounds it was sampled in: peak memory predicted by the plan vs "
+                          "the peak RSS it measured, energy with the meter it came from, payload bytes moved."),
+                   h.records_table(device_rows(run))]
+    return blocks

@@ -23,27 +23,42 @@ from typing import Callable, Mapping, Optional
 from edgefl.cli.emulation import TorchServerModel
 from edgefl.coordinator import Delivery
 from edgefl.errors import ConfigError
-from edgefl.fleet import Fleet, Group
+from edgefl.fleet import Fleet, Group, device_id
 from edgefl.messages import RoundInstruction
 from edgefl.plan import Plan
 
 SET_ROLE = "set"     # edgefl.device_runtime.agent.SET_ROLE: the role of a suffix set in an instruction
 
 
-def fleet_of(plan: Plan, fleet: Optional[Fleet] = None) -> Fleet:
-    """The fleet a plan was made for: `fleet` when given (its groups must match the plan's), else one
-    rebuilt from the plan with device names generated as a fleet file's `count: N` generates them."""
+def fleet_of(plan: Plan, fleet: Optional[Fleet] = None, where: str = "--devices") -> Fleet:
+    """The fleet a plan was made for: `fleet` when given (it must have the plan's groups with the plan's device
+    counts: a plan served to another fleet would wait for devices it has no plan for, or plan for devices
+    that never come), else one rebuilt from the plan with device ids as a fleet file's `count: N` names them."""
     if fleet is not None:
-        if missing := sorted(set(plan.groups) - {g.name for g in fleet.groups}):
-            raise ConfigError(f"--devices: the plan has group {missing[0]!r}, the fleet file does not; pass the "
-                              "fleet file the plan was made from")
+        _check_same_fleet(plan, fleet, where)
         return fleet
     groups = []
     for name, g in plan.groups.items():
-        ids = tuple(f"{name}-{i:0{len(str(g.count))}d}" for i in range(g.count))
+        ids = tuple(device_id(name, i) for i in range(g.count))
         groups.append(Group(name, ids, g.memory_budget_bytes, g.upload_budget_bytes, g.flops_budget, g.runtime,
                             g.examples, None))
     return Fleet(name="plan", groups=tuple(groups))
+
+
+def _check_same_fleet(plan: Plan, fleet: Fleet, where: str) -> None:
+    from edgefl.cli.run_view import listing
+
+    counts = {g.name: g.count for g in fleet.groups}
+    differ = []
+    if missing := [g for g in plan.groups if g not in counts]:
+        differ.append(f"the plan's group{'s' * (len(missing) > 1)} {listing(missing)} not in the fleet file")
+    if extra := [g for g in counts if g not in plan.groups]:
+        differ.append(f"the fleet file's group{'s' * (len(extra) > 1)} {listing(extra)} not in the plan")
+    differ += [f"{name} has {counts[name]} devices in the fleet file, {g.count} in the plan"
+               for name, g in plan.groups.items() if name in counts and g.count != counts[name]]
+    if differ:
+        raise ConfigError(f"{where} describe different fleets: {'; '.join(differ)}; pass the fleet file the plan "
+                          "was made from, or plan again with 'edgefl plan --devices' this file")
 
 
 def check_deployable(plan: Plan) -> None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +12,53 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from edgefl.errors import ConfigError
+from edgefl.outdir import check_output, make_output
+
+RUN_FILES = ("config.json", "plan.json", "history.json")   # what marks a folder as a run --force may replace
+
+
+def _is_run(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in RUN_FILES)
+
+
+def _version() -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("edgefl")
+    except PackageNotFoundError:   # a source tree on sys.path, not installed: the version is unknown
+        return None
+
+
+def _round_line(record, rounds: int) -> str:
+    """One line per round for logs and pipes: when it ended, the evaluation, who trained, how long it took."""
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} round {record.round}/{rounds}:"
+    if record.accuracy is not None:
+        line += f" accuracy {record.accuracy:.4f},"
+    if record.loss is not None:
+        line += f" loss {record.loss:.4f},"
+    line += f" trained {sum(record.participating.values())}/{len(record.sampled)} devices"
+    left_out = [f"{len(getattr(record, what))} {what}" for what in ("skipped", "failed", "rejected")
+                if getattr(record, what)]
+    if record.missing:
+        left_out.append(f"{len(record.missing)} missing")
+    if left_out:
+        line += f" ({', '.join(left_out)})"
+    return line + f", {record.wall_s:.1f} s"
+
+
+@contextmanager
+def _round_display(console, rounds: int):
+    """A live bar on a terminal; elsewhere (a pipe, a log file, CI) a line per round as it ends, since a bar
+    is drawn only when it finishes and a long run would print nothing for minutes."""
+    if not console.is_terminal:
+        yield lambda record: console.print(_round_line(record, rounds), markup=False, highlight=False,
+                                           soft_wrap=True)
+        return
+    with Progress(TextColumn("round {task.completed}/{task.total}"), BarColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[acc]}"), console=console, transient=False) as bar:
+        task = bar.add_task("emulate", total=rounds, acc="")
+        yield lambda record: bar.update(task, advance=1, acc=f"accuracy {record.accuracy:.3f}"
+                                        if record.accuracy is not None else "")
 
 
 def _subset(dataset, limit: Optional[int], seed: int):
@@ -53,7 +102,8 @@ def emulate(
     dataset: str = typer.Option(..., "--dataset", help="fashion-mnist, mnist, cifar10, cifar100, shakespeare"),
     method: str = typer.Option(..., "--method"),
     rounds: int = typer.Option(..., "--rounds", min=1),
-    output: Path = typer.Option(..., "-o", "--output", help="run folder, e.g. runs/NAME"),
+    output: Path = typer.Option(..., "-o", "--output", help="run folder, e.g. runs/NAME (refused if it holds files)"),
+    force: bool = typer.Option(False, "--force", help="replace the run folder at -o if it holds an earlier run"),
     clients_per_round: int = typer.Option(10, "--clients-per-round", min=1),
     partition: str = typer.Option("iid", "--partition", help="iid | dirichlet:ALPHA | shards:LABELS | natural"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
@@ -92,6 +142,7 @@ def emulate(
     from edgefl.strategies import PlanContext, get_strategy
 
     resolve_device(device)  # fail before any work when CUDA is asked for and absent
+    check_output(output, force, "run", _is_run)   # and before minutes of work on a folder it may not write
     if pretrained is not None and model != "transformer":
         raise ConfigError(f"--pretrained: the pretrained set holds transformers; use --model transformer, not {model}")
     fleet = load_fleet(devices)
@@ -119,14 +170,14 @@ def emulate(
     if pretrained is not None:
         from edgefl.pretrain import load_pretrained
         initial = load_pretrained(pretrained, ref)
-    output.mkdir(parents=True, exist_ok=True)
+    make_output(output, force)
     (output / "config.json").write_text(json.dumps({
         "devices": str(devices), "model": ref.to_json(), "dataset": dataset, "method": method, "rounds": rounds,
         "clients_per_round": clients_per_round, "partition": partition, "device": device, "seed": seed,
         "batch_size": batch_size, "local_epochs": local_epochs, "lr": lr, "toa": toa_scale,
         "measure_memory": measure_memory, "pretrained": str(pretrained) if pretrained else None,
         "train_examples": len(train.y),
-        "test_examples": len(test.y)}, indent=2) + "\n")
+        "test_examples": len(test.y), "edgefl_version": _version()}, indent=2) + "\n")
     plan.write(output / "plan.json")
     for g in plan.groups.values():
         if g.excluded:
@@ -136,15 +187,12 @@ def emulate(
     settings = LoopSettings(rounds=rounds, clients_per_round=clients_per_round, seed=seed, eval_every=eval_every,
                             lr=lr, lr_final=lr / 10, measure_memory=measure_memory)
     records = []
-    with Progress(TextColumn("round {task.completed}/{task.total}"), BarColumn(), TimeRemainingColumn(),
-                  TextColumn("{task.fields[acc]}"), console=stdout, transient=False) as bar:
-        task = bar.add_task("emulate", total=rounds, acc="")
+    with _round_display(stdout, rounds) as show:
 
         def on_round(record):
             records.append(record)
             write_history(records, output / "history.json")
-            acc = f"accuracy {record.accuracy:.3f}" if record.accuracy is not None else ""
-            bar.update(task, advance=1, acc=acc)
+            show(record)
 
         _, server = run_emulation(fleet, plan, strategy, ref, train, test, shares, settings, device, on_round,
                                   toa=toa_scale, initial_state=initial)

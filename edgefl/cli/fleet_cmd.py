@@ -5,7 +5,12 @@ One `edgefl-device run` process per device of the fleet file, each with its own 
 sorted device order, so a served run and its emulation train the same examples), its group's runtime and
 memory budget, its own artifact cache and log. With `--enforce-memory` each device's training process
 is capped at its group's memory budget (a cgroup where this machine permits one, else RLIMIT_AS).
-Runs until Ctrl-C / SIGTERM, then stops every device.
+Runs until Ctrl-C / SIGTERM, then stops every device; when every agent has exited by itself (a wrong
+login, an unreachable broker) it says which, what the first said last and where the logs are (exit 2).
+
+Logins: `--credentials-dir` is the deployment folder `edgefl broker config -o DIR` wrote, or its
+`credentials/` folder (whichever holds `<device>.json`); with mqtts:// and no `--ca-file`, that
+deployment's `tls/ca.crt` is the CA. Every agent gets its own login file and the CA.
 """
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from edgefl.cli.run_view import listing
+from edgefl.errors import ConfigError, EdgeflError
 
 fleet_app = typer.Typer(no_args_is_help=True, help="run a fleet of device agents on this machine")
 
@@ -71,16 +79,29 @@ def up(
     data_root: Optional[Path] = typer.Option(None, "--data-root"),
     workdir: Path = typer.Option(Path("runs/fleet"), "--workdir", help="data shares, caches and logs"),
     credentials: Optional[Path] = typer.Option(None, "--credentials-dir",
-                                               help="DIR/credentials from 'edgefl broker config' (<id>.json each)"),
-    ca_file: Optional[Path] = typer.Option(None, "--ca-file"),
+                                               help="the folder of 'edgefl broker config -o DIR', or its credentials/ "
+                                                    "(<id>.json per device)"),
+    ca_file: Optional[Path] = typer.Option(None, "--ca-file", help="the broker's CA certificate (mqtts; default: "
+                                                                   "tls/ca.crt of the --credentials-dir deployment)"),
     enforce_memory: bool = typer.Option(False, "--enforce-memory",
                                         help="cap each training process at its group's memory budget"),
 ):
     """Start one device agent per device of the fleet; stop them all on Ctrl-C."""
+    from rich.markup import escape
+
     from edgefl.cli.main import stdout
     from edgefl.fleet import load_fleet
+    from edgefl.transport.mqtt_config import check_ca_file, parse_broker_url
 
     fleet = load_fleet(devices)
+    ids = [d for g in fleet.groups for d in g.device_ids]
+    address = parse_broker_url(broker)
+    if credentials is not None:
+        credentials, found_ca = logins_folder(credentials, ids)
+        if ca_file is None and address.tls and found_ca is not None:
+            ca_file = found_ca
+            stdout.print(f"CA certificate: {ca_file} (from the deployment folder)")
+    check_ca_file(ca_file, address)
     data = export_shares(fleet, dataset, partition, seed, workdir / "data", train_limit, data_root)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     procs = {}
@@ -94,15 +115,48 @@ def up(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    exited: dict[str, int] = {}
     while not stop.wait(1.0):
         if dead := {d: p.returncode for d, p in procs.items() if p.poll() is not None}:
             for d, rc in sorted(dead.items()):
-                stdout.print(f"[yellow]{d} exited ({rc}); see {workdir / 'logs' / f'{d}.log'}[/]")
+                stdout.print(f"[yellow]{d} exited ({rc}): {escape(last_line(workdir / 'logs' / f'{d}.log'))}; "
+                             f"log {escape(str(workdir / 'logs' / f'{d}.log'))}[/]")
                 del procs[d]
+            exited.update(dead)
             if not procs:
                 break
     for p in procs.values():
         p.terminate()
     for p in procs.values():
         p.wait(timeout=30)
+    if not stop.is_set():       # nobody asked them to stop: every agent died on its own
+        first = min(exited)
+        raise EdgeflError(f"every device agent exited: {listing([f'{d} ({rc})' for d, rc in sorted(exited.items())])}; "
+                          f"logs in {workdir / 'logs'} ({first}.log ends: {last_line(workdir / 'logs' / f'{first}.log')})")
     stdout.print("fleet stopped")
+
+
+def logins_folder(folder: Path, devices: list[str]) -> tuple[Path, Optional[Path]]:
+    """(the folder holding <device>.json for every device, the deployment's CA certificate if it has one):
+    `folder` is the deployment folder of 'edgefl broker config -o' or its credentials/ subfolder."""
+    for candidate, deployment in ((folder / "credentials", folder), (folder, folder.parent)):
+        held = [d for d in devices if (candidate / f"{d}.json").is_file()]
+        if held:
+            if missing := [d for d in devices if d not in held]:
+                raise ConfigError(f"--credentials-dir {folder}: no login for {listing(missing)} in {candidate} "
+                                  f"(it has {len(held)} of the fleet's {len(devices)}); run 'edgefl broker config "
+                                  f"--devices' with this fleet file (or the fleet it is a subset of) to add them")
+            ca = deployment / "tls" / "ca.crt"
+            return candidate, ca if ca.is_file() else None
+    raise ConfigError(f"--credentials-dir {folder}: neither it nor {folder / 'credentials'} holds device logins "
+                      f"(looked for {devices[0]}.json); give the folder of 'edgefl broker config -o DIR' or its "
+                      "credentials/ folder")
+
+
+def last_line(log: Path) -> str:
+    """What an agent said last (its one-line error, when it died of one)."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][-300:] if lines else "its log is empty"

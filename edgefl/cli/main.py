@@ -163,6 +163,10 @@ app.command()(emulate)
 from edgefl.cli.serve_cmd import serve  # noqa: E402  (torch, the export backends and paho are imported inside)
 
 app.command()(serve)
+from edgefl.cli.status_cmd import status, version  # noqa: E402
+
+app.command()(status)
+app.callback(invoke_without_command=True, no_args_is_help=True)(version)
 
 from edgefl.cli.fleet_cmd import fleet_app  # noqa: E402
 
@@ -221,13 +225,15 @@ def calibrate(
 
 @app.command()
 def report(
-    runs: list[Path] = typer.Argument(..., help="run folders written by 'edgefl emulate -o'"),
-    output: Path = typer.Option(Path("report"), "-o", "--output", help="folder for index.html and the PNGs"),
+    runs: list[Path] = typer.Argument(..., help="run folders written by 'edgefl emulate -o' or 'edgefl serve --state'"),
+    output: Path = typer.Option(Path("report"), "-o", "--output",
+                                help="folder for index.html and the PNGs (refused if it holds files)"),
+    force: bool = typer.Option(False, "--force", help="replace an earlier report at -o: none of its files remain"),
 ):
-    """A static HTML page with plots comparing runs."""
+    """A static HTML page with plots and tables comparing runs."""
     from edgefl.report import write_report
 
-    stdout.print(f"report written to {write_report(runs, output)}")
+    stdout.print(f"report written to {write_report(runs, output, force=force)}")
 
 
 def run() -> None:

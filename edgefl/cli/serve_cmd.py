@@ -2,18 +2,22 @@
 
 The state folder is the run folder: plan.json, config.json, history.json (as `edgefl emulate` writes them,
 so `edgefl report` and `edgefl calibrate` read it), the last checkpoint and the journal of the round in
-progress. Started again with the same --state, serve resumes after the last completed round.
+progress. Started again with the same --state, serve resumes after the last completed round. While it runs,
+`status.json` there holds the round in progress per device (`edgefl status` prints it) and the output shows
+it live (`edgefl.cli.live`).
+
+It refuses to start what could only fail quietly: a fleet file that is not the plan's (`fleet_of`), a login
+that is not the coordinator's (`MqttTransport` checks it with a round trip), no device of the fleet online.
 """
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from edgefl.errors import ConfigError
+from edgefl.errors import ConfigError, TransportError
 
 
 def serve(
@@ -44,6 +48,7 @@ def serve(
     from edgefl.cli.deployment import ArtifactShipper, DeployedServerModel, check_deployable, fleet_of
     from edgefl.cli.emulate_cmd import _subset
     from edgefl.cli.emulation import torch_trainer
+    from edgefl.cli.live import LiveView
     from edgefl.cli.main import stdout
     from edgefl.coordinator import Coordinator, LoopSettings
     from edgefl.export.backends import get_backend
@@ -55,7 +60,7 @@ def serve(
 
     plan = Plan.read(plan_path)
     check_deployable(plan)
-    fleet = fleet_of(plan, load_fleet(devices) if devices else None)
+    fleet = fleet_of(plan, load_fleet(devices) if devices else None, f"--devices {devices} and --plan {plan_path}")
     test = None
     if dataset is not None:
         from edgefl.data import load_dataset
@@ -82,8 +87,7 @@ def serve(
     try:
         everyone = sorted(runtime_of)
         stdout.print(f"waiting up to {wait_online:.0f} s for {len(everyone)} devices at {broker} ...")
-        online = transport.wait_online(everyone, wait_online)
-        stdout.print(f"{len(online)} of {len(everyone)} devices online")
+        _report_online(transport.wait_online(everyone, wait_online), everyone, broker, wait_online, stdout)
         strategy = get_strategy(plan.method)
         server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), seed, clip_norm=clip_norm,
                                      evaluated=strategy.evaluated_config(plan),
@@ -93,10 +97,13 @@ def serve(
                                 eval_every=eval_every, lr=lr, lr_final=lr / 10, round_timeout_s=round_timeout,
                                 min_reports=min_reports)
         examples = {d: g.examples or 0 for g in fleet.groups for d in g.device_ids}
+        live = LiveView(transport.activity, stdout, state, rounds=total, broker=broker,
+                        groups={d: g.name for g in fleet.groups for d in g.device_ids},
+                        online=lambda: transport.online().keys())
         coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
-                                  examples=examples.__getitem__, on_round=lambda r: stdout.print(_round_line(r)),
+                                  examples=examples.__getitem__, on_round=live.round_done,
                                   state=RunState(state), online=lambda: transport.online().keys())
-        with _live(transport, coordinator, stdout):
+        with live:
             coordinator.run()
     finally:
         transport.close()
@@ -104,49 +111,21 @@ def serve(
     stdout.print(f"run written to {state}")
 
 
-def _round_line(r) -> str:
-    from edgefl.units import format_bytes
+def _report_online(online: dict, expected: list[str], broker: str, waited: float, console) -> None:
+    """'3 of 4 devices online (not yet: ...)', counting only the fleet's devices; others connected are named."""
+    from edgefl.cli.run_view import listing
 
-    reports = sum(r.participating.values())
-    acc = f"accuracy {r.accuracy:.4f}" if r.accuracy is not None else "no evaluation"
-    line = (f"round {r.round}: {reports}/{len(r.sampled)} reports, {acc}, up {format_bytes(r.upload_bytes)}, "
-            f"down {format_bytes(r.download_bytes)}, {r.wall_s:.1f} s")
-    for what in ("skipped", "failed", "rejected"):
-        if getattr(r, what):
-            line += f"; {what}: " + ", ".join(f"{d} ({why})" for d, why in sorted(getattr(r, what).items())[:3])
-    if r.missing:
-        line += f"; no report from {', '.join(r.missing[:5])}"
-    if not r.aggregated:
-        line += "; below quorum: not aggregated"
-    return line
-
-
-class _live:
-    """A status line while a round waits: round, devices online, reports in."""
-
-    def __init__(self, transport, coordinator, console):
-        self.transport, self.coordinator, self.console = transport, coordinator, console
-        self.stop = threading.Event()
-
-    def __enter__(self):
-        from rich.status import Status
-
-        self.status = Status("starting", console=self.console)
-        self.status.start()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        return self
-
-    def _run(self):
-        while not self.stop.wait(0.5):
-            r = len(self.coordinator.history) + 1
-            self.status.update(f"round {r}: {len(self.transport.online())} online, "
-                               f"{self.transport.reports_in(r)} reports in")
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        self.status.stop()
+    here = [d for d in expected if d in online]
+    line = f"{len(here)} of {len(expected)} devices online"
+    if missing := [d for d in expected if d not in online]:
+        line += f" (not yet: {listing(missing)})"
+    if strangers := sorted(set(online) - set(expected)):
+        line += f"; also connected but not in this fleet: {listing(strangers)}"
+    console.print(line, highlight=False)
+    if not here:
+        raise TransportError(f"none of the {len(expected)} devices of the plan came online at {broker} within "
+                             f"{waited:.0f} s (ids {listing(expected, 3)}); start them with their logins "
+                             "('edgefl fleet up', or 'edgefl-device --id ID ...'), or raise --wait-online")
 
 
 def _save_weights(server, path: Path) -> None:

@@ -20,6 +20,7 @@ from edgefl.errors import ArtifactError, TransportError
 from edgefl.transport import envelopes, topics
 from edgefl.transport.chunks import CHUNK_SIZE, WINDOW, ChunkManifest, Data, describe, read_range
 from edgefl.transport.wire import Wire, log
+from edgefl.units import format_bytes
 
 _TOPIC_ROOM = 1024        # bytes of a chunk packet that are not payload (topic, header), device ids included
 
@@ -35,8 +36,8 @@ class _Transfer:
 class ArtifactServer:
     def __init__(self, wire: Wire, chunk_size: int = CHUNK_SIZE, window: int = WINDOW):
         if wire.max_packet_size < 4 * _TOPIC_ROOM:
-            raise TransportError(f"the broker's max_packet_size ({wire.max_packet_size} bytes) is too small to "
-                                 f"carry artifacts; allow at least {4 * _TOPIC_ROOM}")
+            raise TransportError(f"the broker's max_packet_size ({format_bytes(wire.max_packet_size)}) is too small "
+                                 f"to carry artifacts; allow at least {format_bytes(4 * _TOPIC_ROOM)}")
         self.wire, self.window = wire, window
         self.chunk_size = min(chunk_size, wire.max_packet_size - _TOPIC_ROOM)
         self.chunks_sent = self.chunks_resent = 0
@@ -91,7 +92,8 @@ class ArtifactServer:
         return len(self._transfers)
 
     # ------------------------------------------------------------------------ device messages
-    def handle(self, device: str, payload: bytes) -> None:
+    def handle(self, device: str, payload: bytes) -> int:
+        """Act on a device's flow message; returns the bytes of the chunk it acknowledged (0 for anything else)."""
         d = envelopes.loads(payload, f"{device}: artifact flow message")
         with self._lock:
             if "want" in d:
@@ -101,13 +103,15 @@ class ArtifactServer:
                 transfer = self._transfers.get((device, artifact))
                 seq = d.get("seq")
                 if transfer is None or seq not in transfer.outstanding:
-                    return                   # a late or repeated acknowledgement
+                    return 0                 # a late or repeated acknowledgement
                 if "got" in d:
                     transfer.outstanding.discard(seq)
                     self._pump(device, transfer)
-                else:
-                    self.chunks_resent += 1
-                    self._send_chunk(device, transfer, seq)
+                    start, end = transfer.manifest.bounds(seq)
+                    return end - start
+                self.chunks_resent += 1
+                self._send_chunk(device, transfer, seq)
+        return 0
 
     def _want(self, device: str, artifact: str, chunk_size, missing, resend: bool) -> None:
         if not topics.is_sha256(artifact):
@@ -122,7 +126,7 @@ class ArtifactServer:
         if manifest is None:
             if size + _TOPIC_ROOM > self.wire.max_packet_size:   # the device resumes from a larger-chunked fetch
                 self.wire.publish(topics.artifact_manifest(device, artifact), envelopes.refusal(
-                    artifact, f"chunks of {size} bytes no longer fit the broker's packets", restart=True))
+                    artifact, f"chunks of {format_bytes(size)} no longer fit the broker's packets", restart=True))
                 return
             manifest = self._manifests[(artifact, size)] = describe(self._data[artifact], size)
         if missing is None:

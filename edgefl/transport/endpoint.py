@@ -5,7 +5,15 @@ float32 buffer (offered to that device only, replacing its previous round's), pl
 artifacts shipped to it (`ship`). Up: a report is its chunked tensor buffer and a meta message, put
 together here and checked (sha256, size, tensor order) before `collect` hands it out; the bytes it took
 are measured here (payload and MQTT framing) and set on the report. Presence: retained `presence/<id>`
-messages (a device's announcement, or its last will) tell who is online with which profile.
+messages (a device's announcement, or its last will) tell who is online with which profile. A device whose
+presence goes offline while this end waits for its report is dropped from the round at once: the round
+closes as soon as every other device has answered, and the device's answer is a failed report whose reason
+starts with OFFLINE (a report that still comes before the round closes is taken instead). `activity` holds
+what this end has seen of each device of the round in progress (`edgefl.transport.activity`).
+
+`check_access` is a login's round trip: a probe published under `up/` where the coordinator's ACL lets it
+write and read, which must come back. A broker grants every subscription and filters at delivery, so a
+device's login in the coordinator's place would otherwise connect, see nobody and wait out every round.
 
 Uploads are held only where this end asked for them: tensors for a (device, round) it sent no instruction
 for (a closed round, one not started, a device not sampled) are dropped as they arrive and the upload
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,14 +37,25 @@ from edgefl.errors import ArtifactError, ReportRejected, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.transport import Transport, envelopes, topics
+from edgefl.transport.activity import Activity
 from edgefl.transport.artifact_server import ArtifactServer
 from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
 from edgefl.transport.envelopes import Assignment, TensorBlob
 from edgefl.transport.tensors import order_from_json, pack, unpack
 from edgefl.transport.wire import Traffic, Wire, log
+from edgefl.units import format_bytes
 
 COORDINATOR_ID = "edgefl-coordinator"
 UPLOAD_REJECTED = "upload rejected"     # the reason's prefix of a report this end refused
+OFFLINE = "offline"                     # the reason's prefix of a device that went offline during its round
+_PROBE = "edgefl-probe-"                # check_access's probe ids: no device is called that
+
+
+@dataclass(frozen=True)
+class _Sent:
+    upload_bytes: Optional[int]     # the most tensor bytes its upload may hold (None: no limit)
+    config_hash: str
+    at: float                       # time.monotonic() it was sent
 
 
 @dataclass
@@ -56,11 +76,28 @@ class WireTransport(Transport):
         self._done: dict[int, dict[str, DeviceReport]] = {}      # round -> device -> its first report
         self._further: dict[int, list[DeviceReport]] = {}         # round -> later reports of the same devices
         self._strays: list[DeviceReport] = []                     # refused, for no sent round: the next collect
-        self._limits: dict[tuple[str, int], Optional[int]] = {}  # (device, round) instructed -> upload bytes
+        self._limits: dict[tuple[str, int], _Sent] = {}          # (device, round) instructed -> what was sent
+        self._gone: dict[tuple[str, int], str] = {}               # (device, round) -> why it is offline
         self._sent_round = self._closed_round = 0
         self._presence: dict[str, dict] = {}
+        self._probes: set[str] = set()                            # probe ids that came back
+        self.activity = Activity()
         wire.on_message(self._on_message)
         wire.subscribe(topics.COORDINATOR_FILTERS)
+
+    def check_access(self, timeout_s: float = 10.0) -> None:
+        """A probe through the broker and back: TransportError with the reason when this login may not write
+        under a device's `up/` or does not receive what is written there."""
+        probe = f"{_PROBE}{os.urandom(4).hex()}"
+        refusal = self.wire.confirm(topics.hello(probe), envelopes.dumps({"probe": probe}), timeout_s)
+        if refusal is not None:
+            raise TransportError(f"the broker refused its publish on {topics.hello(probe)} ({refusal}), as it "
+                                 "refuses a device writing under another device's topics")
+        with self._cond:
+            if not self._cond.wait_for(lambda: probe in self._probes, timeout_s):
+                raise TransportError(f"its probe on {topics.hello(probe)} did not come back within {timeout_s:g} s: "
+                                     "this login may not read what devices send")
+            self._probes.discard(probe)
 
     # ------------------------------------------------------------------------------ down
     def ship(self, device_id: str, data: str | Path | bytes) -> str:
@@ -92,8 +129,11 @@ class WireTransport(Transport):
             buffer, order = pack(weights)
             blob = TensorBlob(self.artifacts.offer(device, buffer, slot="weights"), len(buffer), order)
         with self._cond:        # before the instruction is out: a fast device's answer must find it
-            self._limits[(device, instruction.round)] = instruction.option("upload_bytes")
+            self._limits[(device, instruction.round)] = _Sent(instruction.option("upload_bytes"),
+                                                              instruction.config_hash, time.monotonic())
+            self._gone.pop((device, instruction.round), None)
             self._sent_round = max(self._sent_round, instruction.round)
+        self.activity.sent(device, instruction.round)
         self.wire.publish(topics.instruction(device), Assignment(instruction, blob, artifacts).dumps())
 
     # -------------------------------------------------------------------------------- up
@@ -101,24 +141,38 @@ class WireTransport(Transport):
                 on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
         expected = set(expected)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.activity.waiting(round, expected, None if timeout_s is None else time.time() + timeout_s)
         seen: set[str] = set()
+        with self._cond:     # offline already when the round starts waiting
+            for device in expected:
+                if (device, round) in self._limits and self._offline(device):
+                    self._gone.setdefault((device, round), self._offline_reason(device, round))
+
+        def answered() -> set[str]:
+            return set(self._done.get(round, {})) | {d for d in expected if (d, round) in self._gone}
 
         def news() -> bool:
             done = self._done.get(round, {}).keys()
-            return expected <= done or bool(done - seen)
+            return expected <= answered() or bool(done - seen)
 
         while True:
             with self._cond:
                 self._cond.wait_for(news, None if deadline is None else max(0.0, deadline - time.monotonic()))
                 done = dict(self._done.get(round, {}))
+                finished = expected <= answered()
             for device in sorted(done.keys() - seen):
                 seen.add(device)
                 if on_report is not None:    # outside the lock: a journal write must not stall the receive thread
                     on_report(done[device])
-            if expected <= seen or (deadline is not None and time.monotonic() >= deadline):
+            if finished or expected <= seen or (deadline is not None and time.monotonic() >= deadline):
                 break
         with self._cond:
             reports = self._done.pop(round, {})
+            for device in sorted(expected - reports.keys()):
+                if (device, round) in self._gone:    # not journaled: a restarted coordinator asks it again
+                    sent = self._limits[(device, round)]
+                    reports[device] = DeviceReport(round=round, device_id=device, config_hash=sent.config_hash,
+                                                   status="failed", reason=self._gone[(device, round)])
             further, self._strays = self._further.pop(round, []) + self._strays, []
             for late, devices in self._done.items():
                 if late < round:    # a round already closed: its aggregate is final
@@ -127,6 +181,7 @@ class WireTransport(Transport):
             self._further = {r: v for r, v in self._further.items() if r > round}
             self._uploads = {k: v for k, v in self._uploads.items() if k[1] > round}
             self._limits = {k: v for k, v in self._limits.items() if k[1] > round}
+            self._gone = {k: v for k, v in self._gone.items() if k[1] > round}
             self._closed_round = max(self._closed_round, round)
         return [reports[d] for d in sorted(reports)] + further
 
@@ -139,6 +194,17 @@ class WireTransport(Transport):
         """Devices whose presence says online -> the profile they announced."""
         with self._cond:
             return {d: p.get("profile", {}) for d, p in self._presence.items() if p.get("online")}
+
+    def _offline(self, device: str) -> bool:
+        """Whether the device's presence says it is gone (a device never heard of is not: emulated devices
+        announce nothing)."""
+        state = self._presence.get(device)
+        return state is not None and not state.get("online")
+
+    def _offline_reason(self, device: str, round: int) -> str:
+        why = self._presence.get(device, {}).get("reason") or "its presence went offline"
+        after = time.monotonic() - self._limits[(device, round)].at
+        return f"{OFFLINE}: {why} {after:.0f} s after its round-{round} instruction; dropped from the round"
 
     def wait_online(self, devices: Iterable[str], timeout_s: float) -> dict[str, dict]:
         """Wait until all of `devices` are online (or the timeout passes); returns who is online."""
@@ -157,11 +223,25 @@ class WireTransport(Transport):
         if t is None:
             return
         if t.kind == "ack":
-            self.artifacts.handle(t.device, payload)
+            self.activity.acknowledged(t.device, self.artifacts.handle(t.device, payload))
         elif t.kind == "presence":
             self._on_presence(t.device, payload)
         elif t.kind in ("result_meta", "result_chunk"):
             self._on_upload(t, payload, wire_bytes)
+        elif t.kind == "metrics":
+            self._on_metrics(t.device, payload)
+        elif t.kind == "hello" and t.device.startswith(_PROBE):   # a device's own hello says nothing new
+            with self._cond:
+                self._probes.add(t.device)
+                self._cond.notify_all()
+
+    def _on_metrics(self, device: str, payload: bytes) -> None:
+        try:
+            state = envelopes.loads(payload, f"{device}: metrics").get("state")
+        except TransportError:
+            return     # free form: not every device says what it is doing
+        if isinstance(state, str):
+            self.activity.progress(device, state)
 
     def _on_presence(self, device: str, payload: bytes) -> None:
         try:
@@ -171,7 +251,13 @@ class WireTransport(Transport):
             return
         with self._cond:
             self._presence[device] = state
+            online = bool(state.get("online"))
+            if not online:
+                for key in [k for k in self._limits if k[0] == device and k[1] > self._closed_round
+                            and device not in self._done.get(k[1], {})]:
+                    self._gone.setdefault(key, self._offline_reason(device, key[1]))
             self._cond.notify_all()
+        self.activity.presence(device, online, str(state.get("reason") or ""))
 
     def _on_upload(self, t: topics.Topic, payload: bytes, wire_bytes: int) -> None:
         key = (t.device, t.round)
@@ -186,16 +272,17 @@ class WireTransport(Transport):
                     return                       # refused, or redelivered
                 up.chunks[t.seq] = payload
                 up.held += len(payload)
-                limit = self._limits[key]
+                limit = self._limits[key].upload_bytes
                 if limit is not None and up.held > limit:
-                    up.refused = f"more than the {limit} bytes of tensors its instruction expects"
+                    up.refused = f"more than the {format_bytes(limit)} of tensors its instruction expects"
                     up.chunks.clear()
             elif up.meta is None:
                 up.meta = payload
             else:
                 return
             up.traffic.add(len(payload), wire_bytes)
-            report = self._finish(t.device, t.round, up, self._limits.get(key))
+            sent = self._limits.get(key)
+            report = self._finish(t.device, t.round, up, sent.upload_bytes if sent else None)
             if report is not None:
                 del self._uploads[key]
                 self._file(report, t.round)
@@ -207,6 +294,7 @@ class WireTransport(Transport):
             self._further.setdefault(round, []).append(report)
         else:
             answers[report.device_id] = report
+            self.activity.reported(report.device_id, round, report.ok, report.reason)
         self._cond.notify_all()
 
     def _refuse_unsent(self, device: str, round: int, meta: bytes) -> None:
@@ -236,8 +324,8 @@ class WireTransport(Transport):
             if up.refused:
                 raise ReportRejected(up.refused)
             if limit is not None and int(info["bytes"]) > limit:
-                raise ReportRejected(f"{int(info['bytes'])} bytes of tensors, more than the {limit} its instruction "
-                                     "expects")
+                raise ReportRejected(f"{format_bytes(int(info['bytes']))} of tensors, more than the "
+                                     f"{format_bytes(limit)} its instruction expects")
             if len(up.chunks) < int(info["chunks"]):
                 return None
             buffer = b"".join(up.chunks[i] for i in range(int(info["chunks"])))

@@ -9,7 +9,8 @@ up/ack        {"want": id, "chunk_size": n | null, "missing": [seq] | null, "res
               fetch and ask again from scratch)
 up/result/<round>/meta  {"schema": REPORT, "report": DeviceReport summary, "tensors": {"order", "bytes",
               "sha256", "chunks"}, "download": {"messages", "payload_bytes", "wire_bytes"}}
-presence      {"online": bool, "device": id, "profile": {...}}
+presence      {"online": bool, "device": id, "profile": {...}, "reason": why offline (optional)}
+up/metrics    {"state": "training", ...} (free form; "state" feeds the coordinator's live view)
 """
 from __future__ import annotations
 
@@ -101,8 +102,10 @@ def refusal(artifact: str, why: str, restart: bool = False) -> bytes:
     return dumps({"id": artifact, "error": why, "restart": restart})
 
 
-def presence(online: bool, device: str, profile: Optional[Mapping[str, Any]] = None) -> bytes:
-    return dumps({"online": online, "device": device, "profile": dict(profile or {})})
+def presence(online: bool, device: str, profile: Optional[Mapping[str, Any]] = None, reason: str = "") -> bytes:
+    """`reason`: why a device is offline (its will: the connection was lost; a clean stop), for the operator."""
+    return dumps({"online": online, "device": device, "profile": dict(profile or {}),
+                  **({"reason": reason} if reason else {})})
 
 
 _REPORT_FIELDS = {f.name for f in dataclasses.fields(DeviceReport)} - {"tensors"}

@@ -9,12 +9,16 @@ MQTT 5, QoS 1, persistent session). Topics: `edgefl.transport.topics`; what trav
     prefix = transport.ship("pi-1", Path("artifacts/abc/prefix/model.onnx"))
     transport.send(instruction, weights, artifacts={"prefix": prefix})
     reports = transport.collect(round, ["pi-1"], timeout_s=300)
+
+Connecting checks the login with a round trip through the broker (`WireTransport.check_access`): a device's
+login in the coordinator's place fails here, naming the file, instead of serving rounds nobody can hear.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
+from edgefl.errors import TransportError
 from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
 from edgefl.transport.endpoint import COORDINATOR_ID, WireTransport
 from edgefl.transport.mqtt_wire import MqttWire
@@ -29,5 +33,12 @@ class MqttTransport(WireTransport):
         a limit to respect below the one the broker announces."""
         wire = MqttWire(url, client_id, credentials=credentials, ca_file=ca_file, session_expiry_s=session_expiry_s,
                         max_packet_size=max_packet_size)
-        super().__init__(wire, chunk_size, window)
-        self.url = wire.url
+        try:
+            super().__init__(wire, chunk_size, window)
+            self.url = wire.url
+            self.check_access()
+        except TransportError as exc:
+            wire.abort()
+            login = f"--credentials {credentials}" if credentials is not None else "no --credentials (anonymous)"
+            raise TransportError(f"{login}: not the coordinator's login at {wire.url}: {exc}; use "
+                                 "credentials/coordinator.json from 'edgefl broker config'") from None

@@ -5,6 +5,12 @@ device rebooting, a coordinator restarting) wait at the broker. paho's queue bou
 connect (it cannot change afterwards); the broker's maximum packet size comes from its CONNACK and every
 publish is checked against it first. paho reconnects by itself; subscriptions are renewed and the
 reconnect callbacks (presence) run on every new connection.
+
+The broker's PUBACK says whether it took a publish: mosquitto answers one its ACL denies with 0x87 (Not
+authorized) and drops it, so `confirm` waits for that answer where a caller must know (a login's first
+publish), and any refusal is logged with its topic. A failed connect says what the wrong part most likely
+is: TLS against a plain port or the reverse, a CA that does not verify the broker, a broker that does not
+speak MQTT 5.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edgefl.errors import TransportError
-from edgefl.transport.mqtt_config import check_ca_file, parse_broker_url, read_credentials
+from edgefl.transport.mqtt_config import BrokerAddress, check_ca_file, parse_broker_url, read_credentials
 from edgefl.transport.wire import MQTT_MAX_PACKET, Wire, log, publish_packet_bytes
 
 
@@ -35,9 +41,11 @@ class MqttWire(Wire):
         self.url = address.url
         self._filters: list[str] = []
         self._lock = threading.Condition()
-        self._unacked: set[int] = set()
-        self._early: set[int] = set()           # PUBACKs that beat the publish call's return
-        self._up = self._ending = False
+        self._unacked: dict[int, str] = {}      # mid -> topic, until its PUBACK
+        self._early: dict[int, str] = {}        # PUBACKs that beat the publish call's return: mid -> refusal
+        self._answers: dict[int, str] = {}      # PUBACKs `confirm` waits for: mid -> refusal ("" = taken)
+        self._watched: set[int] = set()
+        self._up = self._ending = self._dropped = False
         self._refused: Optional[str] = None
         self._connack = threading.Event()
         self._subacks: dict[int, list[str]] = {}  # SUBACK mid -> refusals
@@ -58,18 +66,34 @@ class MqttWire(Wire):
         props.SessionExpiryInterval = session_expiry_s
         try:
             c.connect(address.host, address.port, keepalive_s, clean_start=False, properties=props)
-        except ssl.SSLError as exc:
-            raise TransportError(f"cannot connect to the broker at {self.url}: TLS: {exc.reason or exc}; give the "
-                                 "broker's CA certificate with --ca-file") from None
+        except ssl.SSLCertVerificationError as exc:
+            against = f"the CA in --ca-file {ca}" if ca else "this machine's CAs"
+            fix = ("give the CA certificate of this broker's deployment (tls/ca.crt of 'edgefl broker config')"
+                   if ca else "give the broker's CA certificate with --ca-file")
+            raise TransportError(f"cannot connect to the broker at {self.url}: TLS: its certificate does not verify "
+                                 f"against {against} ({exc.verify_message or exc.reason}, "
+                                 f"{exc.reason or 'CERTIFICATE_VERIFY_FAILED'}); {fix}") from None
+        except (ssl.SSLError, ConnectionResetError) as exc:
+            why = exc.reason if isinstance(exc, ssl.SSLError) else exc.strerror
+            hint = (f"; port {address.port} may be a plain MQTT listener: use mqtt://{address.host}:{address.port}"
+                    if address.tls else "")
+            raise TransportError(f"cannot connect to the broker at {self.url}: {'TLS: ' if address.tls else ''}"
+                                 f"{why or exc}{hint or '; is the URL (mqtt:// or mqtts://, port) right?'}") from None
         except OSError as exc:
+            if address.tls and _accepts_tcp(address):    # a TLS handshake nobody answers: a plain listener
+                raise TransportError(f"cannot connect to the broker at {self.url}: TLS: {exc.strerror or exc}; port "
+                                     f"{address.port} may be a plain MQTT listener: use "
+                                     f"mqtt://{address.host}:{address.port}") from None
             raise TransportError(f"cannot connect to the broker at {self.url}: {exc.strerror or exc}; is it "
                                  "running, and is the URL (mqtt:// or mqtts://, port) right?") from None
         c.loop_start()
         if not self._connack.wait(connect_timeout_s) or self._refused:
             self._stop(c.disconnect)
-            why = self._refused or f"no answer within {connect_timeout_s:g} s"
-            raise TransportError(f"the broker at {self.url} did not accept {client_id!r}: {why}"
-                                 + ("; check --credentials" if self._refused else ""))
+            if self._refused:
+                raise TransportError(f"the broker at {self.url} did not accept {client_id!r}: {self._refused}; "
+                                     "check --credentials")
+            raise TransportError(f"the broker at {self.url} did not answer {client_id!r} within "
+                                 f"{connect_timeout_s:g} s: {_silence(address, self._dropped)}")
 
     # ------------------------------------------------------------------ paho callbacks (network thread)
     def _connected(self, client, userdata, flags, reason, props) -> None:
@@ -94,6 +118,7 @@ class MqttWire(Wire):
 
     def _disconnected(self, client, userdata, flags, reason, props) -> None:
         self._up = False
+        self._dropped = self._dropped or not self._connack.is_set()
         if reason.is_failure and not self._ending:
             log.info("%s: connection to %s lost (%s); reconnecting", self.client_id, self.url, reason)
 
@@ -102,11 +127,18 @@ class MqttWire(Wire):
         self._deliver(msg.topic, msg.payload, publish_packet_bytes(msg.topic, len(msg.payload), msg.qos, props))
 
     def _published(self, client, userdata, mid, reason, props) -> None:
+        # MQTT 5 PUBACK reason: 0x87 Not authorized is how mosquitto says its ACL dropped the message
+        refusal = str(reason) if reason.is_failure else ""
         with self._lock:
             if mid in self._unacked:
-                self._unacked.discard(mid)
+                topic = self._unacked.pop(mid)
+                if refusal and mid not in self._watched:     # a watched one's caller says it better
+                    log.warning("%s: the broker at %s refused a publish on %s: %s", self.client_id, self.url,
+                                topic, refusal)
             else:
-                self._early.add(mid)
+                self._early[mid] = refusal
+            if mid in self._watched:
+                self._answers[mid] = refusal
             self._lock.notify_all()
 
     def _subscribed(self, client, userdata, mid, reasons, props) -> None:
@@ -116,6 +148,18 @@ class MqttWire(Wire):
 
     # ----------------------------------------------------------------------------------- Wire
     def _publish(self, topic: str, payload: bytes, retain: bool) -> None:
+        self._send(topic, payload, retain)
+
+    def _confirm(self, topic: str, payload: bytes, timeout_s: float) -> tuple[bool, Optional[str]]:
+        mid, answer = self._send(topic, payload, False, watch=True)
+        with self._lock:
+            if answer is None and self._lock.wait_for(lambda: mid in self._answers, timeout_s):
+                answer = self._answers.pop(mid)
+            self._watched.discard(mid)
+        return answer is not None, answer or None
+
+    def _send(self, topic: str, payload: bytes, retain: bool, watch: bool = False) -> tuple[int, Optional[str]]:
+        """(mid, the broker's answer if it came already: "" taken, else why not; None: not yet)."""
         # never hold our lock across client.publish: paho calls on_publish holding its own
         info = self._client.publish(topic, payload, qos=1, retain=retain)
         if info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:
@@ -123,9 +167,15 @@ class MqttWire(Wire):
                                  f" messages): the broker at {self.url} is not keeping up; {topic} not sent")
         with self._lock:
             if info.mid in self._early:
-                self._early.discard(info.mid)
-            else:
-                self._unacked.add(info.mid)
+                refusal = self._early.pop(info.mid)
+                if refusal and not watch:
+                    log.warning("%s: the broker at %s refused a publish on %s: %s", self.client_id, self.url,
+                                topic, refusal)
+                return info.mid, refusal
+            self._unacked[info.mid] = topic
+            if watch:       # under the lock that _published takes: its answer cannot slip past
+                self._watched.add(info.mid)
+            return info.mid, None
 
     def subscribe(self, filters: Iterable[str], timeout_s: float = 10.0) -> None:
         filters = [f for f in filters if f not in self._filters]
@@ -172,3 +222,35 @@ class MqttWire(Wire):
         how()
         self._client.loop_stop()
         self._up = False
+
+
+def _silence(address: BrokerAddress, dropped: bool) -> str:
+    """Why a broker that took the TCP connection never answered the MQTT 5 CONNECT, and the fix."""
+    if not address.tls and _speaks_tls(address):
+        return (f"port {address.port} is a TLS listener: use mqtts://{address.host}:{address.port} (and --ca-file "
+                "with the broker's CA certificate)")
+    if dropped:
+        return ("it closed the connection without answering MQTT 5: the embedded broker ('edgefl broker up "
+                "--embedded') speaks MQTT 3.1.1 only; run mosquitto ('apt-get install mosquitto', then 'edgefl "
+                "broker up' again)")
+    return "is it an MQTT broker, and is the URL (mqtt:// or mqtts://, port) right?"
+
+
+def _speaks_tls(address: BrokerAddress, timeout_s: float = 3.0) -> bool:
+    """Whether the port completes a TLS handshake (certificate unchecked: this only asks what it speaks)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout_s) as raw, \
+                context.wrap_socket(raw, server_hostname=address.host):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
+
+
+def _accepts_tcp(address: BrokerAddress, timeout_s: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

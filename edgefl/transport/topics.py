@@ -6,7 +6,9 @@
     fl/v1/dev/<device>/up/ack                        artifact flow control: want / got / bad (JSON)
     fl/v1/dev/<device>/up/result/<round>/meta        a report: summary, tensor order, chunk count
     fl/v1/dev/<device>/up/result/<round>/c/<seq>     the report's flat float32 tensor buffer, chunked
-    fl/v1/dev/<device>/up/metrics                    live metrics (free form)
+    fl/v1/dev/<device>/up/metrics                    live metrics and progress (JSON, e.g. {"state": "training"})
+    fl/v1/dev/<device>/up/hello                      a login's first publish, to learn whether the broker's
+                                                     ACL lets it write there (and, for the coordinator, read)
     fl/v1/broadcast/round                            small retained pointer to the current round
     fl/v1/presence/<device>                          retained {"online": ...}; the device's last will
 
@@ -73,6 +75,10 @@ def metrics(device: str) -> str:
     return f"{_dev(device)}/up/metrics"
 
 
+def hello(device: str) -> str:
+    return f"{_dev(device)}/up/hello"
+
+
 def presence(device: str) -> str:
     return f"{ROOT}/presence/{device}"
 
@@ -84,7 +90,7 @@ def device_filters(device: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Topic:
-    """A parsed v1 topic. kind: instr | manifest | chunk | ack | result_meta | result_chunk | metrics |
+    """A parsed v1 topic. kind: instr | manifest | chunk | ack | result_meta | result_chunk | metrics | hello |
     presence | broadcast."""
     kind: str
     device: Optional[str] = None
@@ -118,6 +124,8 @@ def parse(topic: str) -> Optional[Topic]:
             return Topic("ack", device)
         if path == ["up", "metrics"]:
             return Topic("metrics", device)
+        if path == ["up", "hello"]:
+            return Topic("hello", device)
         if path[:2] == ["up", "result"] and len(path) >= 4:
             if path[3:] == ["meta"]:
                 return Topic("result_meta", device, round=int(path[2]))

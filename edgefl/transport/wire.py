@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
 from edgefl.errors import TransportError
+from edgefl.units import format_bytes
 
 log = logging.getLogger("edgefl.transport")
 
@@ -85,8 +86,8 @@ class Wire(ABC):
         """The packet size of a publish, or TransportError when the broker would refuse it."""
         size = publish_packet_bytes(topic, payload_bytes)
         if size > self.max_packet_size:
-            raise TransportError(f"{topic}: a {size}-byte packet exceeds the broker's max_packet_size of "
-                                 f"{self.max_packet_size} bytes; not sent (raise max_packet_size in the broker "
+            raise TransportError(f"{topic}: a {format_bytes(size)} packet exceeds the broker's max_packet_size of "
+                                 f"{format_bytes(self.max_packet_size)}; not sent (raise max_packet_size in the broker "
                                  "config, or send less)")
         return size
 
@@ -95,6 +96,24 @@ class Wire(ABC):
         self._publish(topic, payload, retain)
         with self._count_lock:
             self.sent.add(len(payload), size)
+
+    def confirm(self, topic: str, payload: bytes, timeout_s: float = 10.0) -> Optional[str]:
+        """Publish (QoS 1, not retained) and wait for the broker's answer: None when it took the message, else
+        why it refused it (e.g. its ACL: 'Not authorized'); TransportError when no answer comes. A broker
+        grants every subscription and filters at delivery, so only this tells a login what it may not write."""
+        size = self.check(topic, len(payload))
+        answered, refusal = self._confirm(topic, payload, timeout_s)
+        with self._count_lock:
+            self.sent.add(len(payload), size)
+        if not answered:
+            raise TransportError(f"{self.client_id}: the broker did not acknowledge a publish on {topic} within "
+                                 f"{timeout_s:g} s")
+        return refusal
+
+    def _confirm(self, topic: str, payload: bytes, timeout_s: float) -> tuple[bool, Optional[str]]:
+        # a broker without an ACL (the in-process hub) takes whatever it acknowledges
+        self._publish(topic, payload, False)
+        return self.flush(timeout_s), None
 
     def _deliver(self, topic: str, payload: bytes, wire_bytes: int) -> None:
         with self._count_lock:

@@ -60,7 +60,7 @@ def test_an_upload_past_its_expected_bytes_is_refused_before_the_rest_is_held(pa
     d1.report(report("d1", 1, values=1_000_000))       # 4 MB, 16 chunks, for 4000 bytes expected
     [refused] = server.collect(1, ["d1"], timeout_s=20)
     assert refused.status == "failed"
-    assert refused.reason == f"{UPLOAD_REJECTED}: more than the 4000 bytes of tensors its instruction expects"
+    assert refused.reason == f"{UPLOAD_REJECTED}: more than the 3.91 KiB of tensors its instruction expects"
     # it stopped holding at the first chunk past the limit: what it counted is that chunk and the meta
     assert refused.upload_bytes < LIMIT + 4096
 

@@ -113,3 +113,35 @@ def test_peak_memory_does_not_grow_with_the_local_data(runtime, exported, tmp_pa
         assert r.returncode == 0, r.stderr
         peaks[n] = json.loads(r.stdout)["peak_rss_bytes"]
     assert abs(peaks[15_000] - peaks[300]) <= 2 * 2**20, peaks
+
+
+@pytest.mark.parametrize("case", ["label-57", "uint8-images", "nan"])
+def test_data_the_model_cannot_take_exits_2_naming_the_file(case, exported, tmp_path):
+    """Labels outside the classes trained to a loss of -3e30 and exit 0; uint8 images trained on 0..255."""
+    folder = exported("ort", RESNET, CONFIG).folder
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((20, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 20)
+    if case == "label-57":
+        y[:] = 57
+        file, expect = "y.npy", ["target 57 of example 0", "10 classes", "0..9"]
+    elif case == "uint8-images":
+        x = rng.integers(0, 256, x.shape).astype(np.uint8)
+        file, expect = "x.npy", ["uint8", "float32", "/ 255", "edgefl data export"]
+    else:
+        x[11, 0, 4, 4] = np.nan
+        file, expect = "x.npy", ["example 11", "NaN or infinity"]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    one_line_error(device("train", "--artifacts", folder, "--data", tmp_path, "--steps", 2), str(tmp_path / file),
+                   *expect)
+
+
+def test_the_native_trainer_gets_only_data_its_model_takes(exported, native_trainer, tmp_path):
+    """The native trainer converts uint8 to float32 as it reads: the Python side refuses such data first."""
+    from export_cases import CNN, cnn_config
+    artifacts = exported("executorch", CNN, cnn_config(1))
+    shape = (20, *artifacts.prefix.inputs[0].shape[1:])
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8))
+    np.save(tmp_path / "y.npy", np.zeros(20, np.int64))
+    one_line_error(device("train", "--artifacts", artifacts.folder, "--data", tmp_path, "--steps", 2),
+                   str(tmp_path / "x.npy"), "uint8", "/ 255")

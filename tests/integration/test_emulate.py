@@ -138,3 +138,78 @@ def test_fleet_up_shares_hold_the_groups_examples(tmp_path):
     shares = export_shares(parse_fleet(EXAMPLES_FLEET), "fashion-mnist", "iid", 0, tmp_path, train_limit=3000)
     sizes = {d: len(np.load(folder / "y.npy")) for d, folder in shares.items()}
     assert sizes == {"small-0": 200, "small-1": 200, "small-2": 200, "big-0": 90, "big-1": 90}
+
+
+def emulate_cli(fleet, out, *extra, rounds=2):
+    return [sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", "cnn", "--dataset",
+            "fashion-mnist", "--method", "fedavg", "--rounds", str(rounds), "--clients-per-round", "3",
+            "--train-limit", "300", "--test-limit", "200", "-o", str(out), *extra]
+
+
+def test_piped_emulate_prints_a_line_per_round_as_it_ends(tmp_path, fleet_text):
+    """Piped (not a terminal), each round prints one timestamped line when it ends, with the values its
+    history records, instead of a progress bar drawn only at the end."""
+    import re
+    from datetime import datetime
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(fleet_text)
+    out = tmp_path / "run"
+    proc = subprocess.Popen(emulate_cli(fleet, out, "--eval-every", "2", rounds=3), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if " round 1/3:" in line:
+                assert proc.poll() is None, "the first round's line came only when the run had ended"
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    history = json.loads((out / "history.json").read_text())["rounds"]
+    pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) round (\d+)/3: (.*), ([\d.]+) s$")
+    printed = [m for m in map(pattern.match, lines) if m]
+    assert [int(m[2]) for m in printed] == [1, 2, 3], lines
+    for m, record in zip(printed, history, strict=True):
+        datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S")
+        trained = sum(record["participating_devices"].values())
+        assert f"trained {trained}/{len(record['sampled'])} devices" in m[3]
+        if record["accuracy"] is None:       # --eval-every 2: round 1 is not evaluated
+            assert "accuracy" not in m[3] and "loss" not in m[3]
+        else:
+            assert f"accuracy {record['accuracy']:.4f}, loss {record['loss']:.4f}" in m[3]
+        assert float(m[4]) == pytest.approx(record["wall_s"], abs=0.051)
+    assert [r["accuracy"] is None for r in history] == [True, False, False]
+    assert not any("━" in line for line in lines)   # no progress bar in a log
+
+
+def test_an_existing_run_folder_is_refused_and_force_replaces_it(tmp_path, fleet_text):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(fleet_text)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "history.json").write_text('{"rounds": []}\n')   # an earlier run
+    (out / "notes.txt").write_text("from the earlier run\n")
+    r = subprocess.run(emulate_cli(fleet, out), capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and str(out) in line and "choose another -o" in line and "--force" in line, line
+    assert (out / "history.json").read_text() == '{"rounds": []}\n' and (out / "notes.txt").exists()
+
+    r = subprocess.run(emulate_cli(fleet, out, "--force", rounds=1), capture_output=True, text=True, timeout=300,
+                       env=os.environ)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "history.json", "plan.json", "weights.pt"]
+    assert [x["round"] for x in json.loads((out / "history.json").read_text())["rounds"]] == [1]
+
+
+def test_force_never_empties_a_folder_that_is_not_a_run(tmp_path, fleet_text):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(fleet_text)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "main.py").write_text("print('mine')\n")
+    r = subprocess.run(emulate_cli(fleet, tmp_path / "src", "--force"), capture_output=True, text=True, timeout=300,
+                       env=os.environ)
+    assert r.returncode == 2 and "not an edgefl run" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "src" / "main.py").read_text() == "print('mine')\n"

@@ -1,14 +1,15 @@
 """Faults of a served run, with real processes: the coordinator killed mid-round and restarted, a device
-killed mid-round (issue: surviving faults)."""
+killed mid-round (issues: surviving faults; operating a served run)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 
 import pytest
 
-from served_run import ServedRun, wait_for, write_plan
+from served_run import ServedRun, edgefl, wait_for, write_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,23 +57,50 @@ def test_coordinator_killed_in_round_3_resumes_and_loses_no_accepted_report(tmp_
         assert not any(journal.parent.iterdir()), "the journal of a checkpointed round is dropped"
 
 
-def test_a_device_killed_mid_round_misses_it_and_the_run_goes_on(tmp_path):
+def _state(state, device: str, round: int):
+    """A device's state in the round in progress, as serve's status file has it (None before)."""
+    try:
+        status = json.loads((state / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return status["devices"].get(device, {}).get("state") if status.get("round") == round else None
+
+
+def test_a_device_killed_mid_round_is_dropped_at_once_and_the_run_goes_on(tmp_path):
+    """Its presence (the broker's last will) says it is gone: the round closes without waiting out the
+    300 s deadline, records it as failed, and the live output and `edgefl status` show it."""
     fleet, plan = write_plan(tmp_path, FLEET, "fedavg", rounds=3)
     state = tmp_path / "state"
     with ServedRun(tmp_path, fleet, plan, train_limit=1600) as run:
-        serve = subprocess.Popen(run.serve_command(state, 3, "--round-timeout", "25", "--min-reports", "3"),
+        serve = subprocess.Popen(run.serve_command(state, 3, "--round-timeout", "300", "--min-reports", "3"),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        wait_for(lambda: len(_rounds(state)) >= 1 or serve.poll() is not None, 400, "round 1")
-        victim = run.device_pids()["laptop-0"]
-        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: _state(state, "laptop-0", 2) in ("downloading", "training") or serve.poll() is not None,
+                 400, "laptop-0 at work in round 2")
+        shown = subprocess.run(edgefl("status", str(state)), capture_output=True, text=True, timeout=60).stdout
+        os.kill(run.device_pids()["laptop-0"], signal.SIGKILL)
+        killed = time.monotonic()
         out, _ = serve.communicate(timeout=400)
         assert serve.returncode == 0, out[-3000:]
+        after = subprocess.run(edgefl("status", str(state)), capture_output=True, text=True, timeout=60).stdout
     rounds = _rounds(state)
     assert [r["round"] for r in rounds] == [1, 2, 3]
     assert rounds[0]["participating_devices"] == {"pi": 3, "laptop": 1}
     second, third = rounds[1], rounds[2]
-    assert "laptop-0" in second["missing"] and second["aggregated"]
-    assert second["participating_devices"] == {"pi": 3}
-    assert second["wall_s"] >= 20          # it waited for the dead device until the deadline
+    assert second["failed"]["laptop-0"].startswith("offline: its connection was lost (last will)"), second
+    assert not second["missing"] and second["aggregated"] and second["participating_devices"] == {"pi": 3}
+    assert second["wall_s"] < 150                  # not the 300 s deadline
     assert third["skipped"].get("laptop-0") == "offline" and third["aggregated"]
     assert third["participating_devices"] == {"pi": 3}
+    assert time.monotonic() - killed < 300
+
+    # the live output: one timestamped line per change, the kill among them as it happened
+    events = re.findall(r"^\d\d:\d\d:\d\d round (\d): (\S+) (\w+)", out, re.M)
+    assert ("2", "laptop-0", "offline") in events, out[-3000:]
+    for device in ("pi-0", "pi-1", "pi-2"):
+        assert [s for r, d, s in events if r == "2" and d == device][-1] == "reported", out[-3000:]
+    assert re.search(r"^\d\d:\d\d:\d\d round 2: waiting for 4 devices until \d\d:\d\d:\d\d \(\d+ s\)$", out, re.M)
+    # edgefl status while round 2 ran, and after the run
+    assert re.search(r"^round 2 of 3: \d/4 reported, deadline in \d+ s", shown, re.M), shown
+    assert re.search(r"^  laptop-0 +laptop +(downloading|training) ", shown, re.M), shown
+    assert after.startswith("run completed at ") and "round 2: 3/4 reports" in after, after
+    assert "failed: laptop-0 (offline: its connection was lost" in after, after

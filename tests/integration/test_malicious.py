@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from edgefl.transport.mqtt import MqttTransport
+from edgefl.units import format_bytes
 from served_run import ServedRun, edgefl, write_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,7 +75,8 @@ def test_every_bad_report_is_refused_and_the_model_ends_as_without_the_attacker(
             "pi-0": ["pi-0: duplicate report for round 2"]},
         3: {"evil-0": ["tensor layers.0.0.weight has dtype float64, expected float32"]},
         4: {"evil-0": ["tensor layers.0.0.weight contains NaN or Inf"]},
-        5: {"evil-0": [f"upload rejected: more than the {expected_bytes} bytes of tensors its instruction expects"]},
+        5: {"evil-0": [f"upload rejected: more than the {format_bytes(expected_bytes)} of tensors its instruction "
+                       "expects"]},
     }
     assert [r["round"] for r in attacked] == list(range(1, ROUNDS + 1))
     for r, reference in zip(attacked, clean, strict=True):

@@ -49,3 +49,39 @@ def test_an_instruction_of_another_protocol_version_is_refused(wired):
     (report,) = wired.collect(4, ["pi-1"], timeout_s=10)
     assert report.status == "failed"
     assert "refused" in report.reason and "edgefl.assignment/99" in report.reason
+
+
+@pytest.mark.parametrize("case", ["nan", "negative-label", "text-x", "count"])
+def test_the_agent_refuses_bad_data_at_start_before_connecting(case, tmp_path):
+    """Checked without a model: numbers, no NaN/inf, integer labels from 0 (-100 ignored), as many
+    targets as examples. The broker address is closed: a refusal must come before any connection."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    x, y = np.zeros((8, 3, 8, 8), np.float32), np.arange(8) % 10
+    if case == "nan":
+        x[6, 0, 0, 0] = np.nan
+        file, expect = "x.npy", ["example 6", "NaN or infinity"]
+    elif case == "negative-label":
+        y[1] = -7
+        file, expect = "y.npy", ["target -7 of example 1", "-100 to ignore"]
+    elif case == "text-x":
+        x = np.array(["a"] * 8)
+        file, expect = "x.npy", ["<U1", "float32"]
+    else:
+        y = np.arange(5)
+        file, expect = "y.npy", ["x has 8 examples and y 5 targets"]
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "x.npy", x)
+    np.save(data / "y.npy", y)
+    r = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", "run", "--id", "pi-1", "--broker",
+                        "mqtt://127.0.0.1:9", "--data", str(data), "--runtime", "ort", "--energy", "profile",
+                        "--power", "3W", "--cache", str(tmp_path / "cache")], capture_output=True, text=True, timeout=60)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "broker" not in lines[0] and str(data / file) in lines[0], lines[0]
+    for needle in expect:
+        assert needle in lines[0], lines[0]

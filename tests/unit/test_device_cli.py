@@ -26,3 +26,12 @@ def test_the_whole_device_agent_imports_without_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "--enforce-memory" in r.stdout
+
+
+def test_version_prints_the_installed_edgefl_version():
+    from importlib.metadata import version
+
+    r = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", "--version"], capture_output=True,
+                       text=True, env=os.environ, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["edgefl-device", version("edgefl")]

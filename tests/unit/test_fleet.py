@@ -89,8 +89,12 @@ def test_budgets_parse_units():
     assert (g.memory_budget_bytes, g.upload_budget_bytes, g.flops_budget, g.examples) == (180 * MiB, 2_000_000, 5e10, 500)
 
 
-def test_count_generates_padded_names():
-    assert parse_fleet(_fleet("z:\n  count: 12\n  memory_budget: 1MiB")).group("z").device_ids[:2] == ("z-00", "z-01")
+def test_count_names_devices_independently_of_the_count():
+    """A subset fleet (count 2) has the ids of the full one (count 40): the full deployment's logins serve it."""
+    ids = {n: parse_fleet(_fleet(f"z:\n  count: {n}\n  memory_budget: 1MiB")).group("z").device_ids for n in (2, 12, 40)}
+    assert ids[2] == ("z-0", "z-1")
+    assert ids[12][:2] == ids[40][:2] == ids[2] and ids[12][10:] == ("z-10", "z-11")
+    assert ids[40][-1] == "z-39" and set(ids[12]) < set(ids[40])
 
 
 def test_ids_are_kept():

@@ -1,0 +1,113 @@
+"""`edgefl fleet up` as an operator uses it (issue: operating a served run): the logins of a deployment
+folder or its credentials/ folder, a TLS broker set up the README's way, a subset fleet logging in with the
+full fleet's deployment (device ids do not depend on the count), and a fleet whose agents all die is a
+failure that says which and where their logs are."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker_fixture import edgefl, free_port, mosquitto_path, running
+
+FULL = "fleet:\n  name: full\n  groups:\n    lab: {count: 12, runtime: torch, memory_budget: 1GiB}\n"
+SUBSET = "fleet:\n  name: subset\n  groups:\n    lab: {count: 2, runtime: torch, memory_budget: 1GiB}\n"
+
+
+def fleet_up(folder: Path, fleet: Path, broker: str, *extra) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "edgefl", "fleet", "up", "--devices", str(fleet), "--broker", broker,
+                             "--dataset", "fashion-mnist", "--train-limit", "200", "--workdir", str(folder / "fleet"),
+                             *map(str, extra)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> tuple[str, str]:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    return proc.communicate(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def tls_deployment(tmp_path_factory):
+    """The full fleet's TLS deployment, as the README sets one up, running."""
+    root = tmp_path_factory.mktemp("deploy")
+    port = free_port()
+    (root / "full.yaml").write_text(FULL)
+    r = edgefl("broker", "config", "--devices", root / "full.yaml", "-o", root / "deploy", "--tls", "--port", port,
+               "--host", "localhost")
+    assert r.returncode == 0, r.stderr
+    with running([mosquitto_path(), "-c", "mosquitto.conf"], root / "deploy", port):
+        yield root / "deploy", f"mqtts://localhost:{port}"
+
+
+@pytest.mark.parametrize("given", ["deployment folder", "credentials folder"])
+def test_a_subset_fleet_logs_in_over_tls_with_the_full_deployment(tls_deployment, tmp_path, given):
+    from edgefl.transport.mqtt import MqttTransport
+
+    deploy, url = tls_deployment
+    subset = tmp_path / "subset.yaml"
+    subset.write_text(SUBSET)
+    logins = ["--credentials-dir", deploy] if given == "deployment folder" else \
+        ["--credentials-dir", deploy / "credentials", "--ca-file", deploy / "tls" / "ca.crt"]
+    proc = fleet_up(tmp_path, subset, url, *logins)
+    coordinator = MqttTransport(url, deploy / "credentials" / "coordinator.json", ca_file=deploy / "tls" / "ca.crt")
+    try:
+        online = coordinator.wait_online(["lab-0", "lab-1"], 120)
+    finally:
+        coordinator.close()
+        out, err = stop(proc)
+    assert {"lab-0", "lab-1"} <= set(online), (out, err, _logs(tmp_path))
+    assert proc.returncode == 0 and out.rstrip().endswith("fleet stopped"), (out, err)
+    if given == "deployment folder":       # the CA came with the deployment
+        assert f"CA certificate: {deploy / 'tls' / 'ca.crt'}" in out
+
+
+def test_a_folder_without_the_fleets_logins_is_one_line_naming_both_places(tmp_path):
+    subset = tmp_path / "subset.yaml"
+    subset.write_text(SUBSET)
+    (tmp_path / "empty").mkdir()
+    r = edgefl("fleet", "up", "--devices", subset, "--broker", "mqtt://127.0.0.1:1", "--dataset", "fashion-mnist",
+               "--credentials-dir", tmp_path / "empty", "--workdir", tmp_path / "fleet")
+    assert r.returncode == 2
+    [line] = r.stderr.strip().splitlines()
+    assert f"--credentials-dir {tmp_path / 'empty'}: neither it nor {tmp_path / 'empty' / 'credentials'}" in line
+    assert "lab-0.json" in line and "edgefl broker config -o DIR" in line
+
+
+def test_when_every_agent_dies_fleet_up_fails_saying_which_and_where_the_logs_are(tmp_path):
+    subset = tmp_path / "subset.yaml"
+    subset.write_text(SUBSET)
+    port = free_port()                    # nobody listens there
+    proc = fleet_up(tmp_path, subset, f"mqtt://127.0.0.1:{port}")
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        stop(proc)
+    assert proc.returncode == 2, (out, err)
+    [line] = err.strip().splitlines()
+    logs = tmp_path / "fleet" / "logs"
+    assert line.startswith("edgefl: error: every device agent exited: lab-0 (2), lab-1 (2); "
+                           f"logs in {logs} (lab-0.log ends: "), line
+    assert f"cannot connect to the broker at mqtt://127.0.0.1:{port}" in line
+    assert "fleet stopped" not in out
+
+
+def _logs(folder: Path) -> str:
+    return "\n".join(p.read_text()[-800:] for p in sorted((folder / "fleet" / "logs").glob("*.log"))) \
+        if (folder / "fleet" / "logs").exists() else ""
+
+
+def test_device_command_passes_each_agent_its_own_login_and_the_ca(tmp_path):
+    from edgefl.cli.fleet_cmd import device_command
+    from edgefl.fleet import parse_fleet
+
+    group = parse_fleet(SUBSET).group("lab")
+    cmd = device_command("lab-1", group, "mqtts://h:8883", tmp_path / "d", tmp_path, tmp_path / "creds",
+                         tmp_path / "ca.crt", False)
+    assert cmd[cmd.index("--credentials") + 1] == str(tmp_path / "creds" / "lab-1.json")
+    assert cmd[cmd.index("--ca-file") + 1] == str(tmp_path / "ca.crt")
+    assert cmd[cmd.index("--broker") + 1] == "mqtts://h:8883"
