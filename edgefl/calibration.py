@@ -61,56 +61,75 @@ def family(model: str) -> str:
 
 
 DEFAULTS: dict[str, RuntimeConstants] = {
-    # baseline_bytes: RSS right after `import torch` in a fresh process (bench/memory_model.py writes it
-    # as torch_import_rss_bytes). workspace: least-squares fit (relative error) of the measured peak-RSS
-    # growth of fresh training processes on 114 ResNet-20/56 and CNN peaks (bench/memory_model.py --fit,
-    # 2026-11, torch 2.13.0 CPU, x86_64, one thread, glibc's mmap threshold fixed at 128 KiB as
-    # edgefl.measure.configure_allocator sets it); DenseNet, VGG, ViT and the transformer are out of
-    # sample (within 12.5% there). Under glibc's default dynamic threshold the heap fragments and the
-    # growth is up to ~2x these predictions: see bench/results/memory_model.json, default_allocator.
-    "torch": RuntimeConstants(228_450_304, 101_059_889, 1.06,
-                              "measured import RSS; workspace fitted on measured peaks (bench/memory_model.py)"),
-    # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim, no torch, no onnx).
-    # baseline_bytes: RSS of a fresh process after importing it and opening one session
-    # (bench/artifact_memory.py writes it as ort_baseline_bytes). workspace: an upper bound, not a
-    # least-squares fit (a plan is a promise; fitted as the executorch entry is): on 15 measured peaks of
-    # exported ResNet-20 (frozen 0 / 10 / 19 x head width 0.25 / 1), CNN 1x28x28 (frozen 0 / 1 x width 1 /
-    # 0.25, all-but-head) and transformer-LM (frozen 0 / 4 / 7) sets, 20 steps at batch 32 with the device's
-    # default evaluation before and after (256 examples; `edgefl-device train` as devices run it, data read a
-    # batch at a time, SGD momentum on the device side: one optimizer slot), 2026-11-24, x86_64, one thread,
-    # glibc's mmap threshold fixed at 128 KiB; the least-squares fixed term raised by the worst
-    # under-prediction plus max(2%, 1 MiB): every measured peak is 61-98% of its prediction (CNN 68-98%,
-    # ResNet-20 61-76%, transformer 76-98%; the tightest are the full-width CNN, whose 6 MiB of trained
-    # weights cost ORT far more than weights + gradients + momentum, and the transformer with 4 frozen
-    # blocks; the loosest the all-but-head sets: the fixed term the CNN needs over-covers small sets). The
-    # two terms cannot fit all three families closely: the cost model has no ORT term proportional to the
-    # trained weights. Leave one family out (fitted on the other two): held-out CNN peaks are 78-108% of
-    # their predictions (the full-width CNN is under-predicted by 8%), ResNet-20 61-75%, transformer
-    # 51-89%: every family is needed. prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a
-    # time (edgefl.device_runtime.trainers.ort_trainer).
-    "ort": RuntimeConstants(52_023_296, 55_046_906, 2.28,
-                            "measured import + session RSS; workspace an upper bound on measured peaks "
-                            "(bench/artifact_memory.py)",
-                            prefix_batch=4),
+    # torch as `edgefl-device train` and the emulation run it. baseline_bytes: RSS right after `import torch` in a
+    # fresh process (bench/memory_model.py: torch_import_rss_bytes). Workspace terms fitted by edgefl.upper_bound:
+    # per measured model family its own terms, each an upper bound on every measured peak of that family with a
+    # margin of max(2%, 1 MiB) (the grid's constants that maximise the smallest measured/predicted); a model of any
+    # other family gets, term by term, the largest any family needed. Measured 2026-11-25 on x86_64, one thread,
+    # glibc's mmap threshold fixed at 128 KiB, batch 32, 20 steps with the device's default evaluation (256
+    # examples) before and after. Fitted on 316 peaks (bench/memory_model.py: emulation peaks of every zoo model,
+    # and the exported torch sets of bench/artifact_memory.py on resnet20, cnn, transformer, vgg11bn, densenet40,
+    # vit with frozen prefixes 0, L/2, L-1 x head widths 0.25/0.5/1): measured/predicted 0.82-0.98 in sample; held
+    # out (a family priced with the others' terms): cnn 0.85-0.94, densenet40 0.81-0.92, resnet 0.84-0.95,
+    # transformer 0.80-0.91, vgg11bn 0.80-0.96, vit 0.82-0.91. Under glibc's default dynamic mmap threshold the
+    # heap fragments and peaks grow up to ~2x: see bench/results/memory_model.json, allocator.
+    "torch": RuntimeConstants(
+        228_560_896, 148_340_505, 1.3,
+        "measured import RSS; workspace an upper bound per family on measured peaks",
+        prefix_batch=0, trained_weight_copies=1.8, frozen_weight_copies=1.0,
+        families=(("cnn", 132_173_104, 1.3, 0.9, 0.0),
+                  ("densenet40", 134_832_945, 1.11, 1.0, 0.0),
+                  ("resnet", 137_515_768, 1.14, 1.8, 0.0),
+                  ("transformer", 132_453_360, 1.15, 0.0, 0.2),
+                  ("vgg11bn", 148_340_505, 0.0, 1.3, 1.0),
+                  ("vit", 127_406_185, 1.15, 0.1, 0.2),)),
+    # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim; no torch, no onnx; the CPU arena
+    # off). baseline_bytes: RSS of a fresh process after importing it and opening one session
+    # (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms fitted by edgefl.upper_bound: per measured
+    # model family its own terms, each an upper bound on every measured peak of that family with a margin of
+    # max(2%, 1 MiB) (the grid's constants that maximise the smallest measured/predicted); a model of any other
+    # family gets, term by term, the largest any family needed. Measured 2026-11-25 on x86_64, one thread, glibc's
+    # mmap threshold fixed at 128 KiB, batch 32, 20 steps with the device's default evaluation (256 examples)
+    # before and after. On 42 peaks of exported sets (resnet20, cnn, transformer, vgg11bn, densenet40, vit; frozen
+    # 0, L/2, L-1 x head widths 0.25/0.5/1): measured/predicted 0.87-0.98 (cnn 0.96-0.98, densenet40 0.96-0.98,
+    # resnet 0.91-0.98, transformer 0.88-0.98, vgg11bn 0.87-0.98, vit 0.94-0.98). One set of terms cannot price
+    # every family closely (ORT's memory follows its graph: the gradient graph, recomputation, fused ops): held
+    # out, a family priced with the others' largest terms gets cnn 0.69-0.86, densenet40 0.66-0.79, resnet
+    # 0.81-0.90, transformer 0.77-0.86, vgg11bn 0.60-0.83, vit 0.70-0.88: safe, loose. prefix_batch: the ORT
+    # trainer runs the frozen prefix 4 samples at a time (edgefl.device_runtime.trainers.ort_trainer).
+    "ort": RuntimeConstants(
+        51_912_704, 24_289_813, 1.59,
+        "measured import + session RSS; workspace an upper bound per family on measured peaks",
+        prefix_batch=4, trained_weight_copies=4.0, frozen_weight_copies=3.0,
+        families=(("cnn", 14_082_598, 1.59, 0.8, 0.0),
+                  ("densenet40", 22_111_624, 1.06, 0.9, 0.0),
+                  ("resnet", 19_103_574, 1.44, 0.8, 0.0),
+                  ("transformer", 12_350_652, 1.39, 4.0, 3.0),
+                  ("vgg11bn", 24_289_813, 1.04, 1.5, 1.7),
+                  ("vit", 0, 1.48, 4.0, 1.9),)),
     # executorch 1.5.1 as devices run it: the native trainer (edgefl-et-train: C++, no Python, no torch).
-    # baseline_bytes: peak RSS of a fresh `edgefl-et-train --version` under GNU time, its libraries loaded
-    # and kernels registered, no program (bench/artifact_memory.py writes it as executorch_baseline).
-    # workspace: an upper bound, not a least-squares fit (a plan is a promise): on 9 measured peaks of
-    # exported ResNet-20 (frozen 0 x width 1 / 0.25, frozen 10 x 0.25, all-but-head) and CNN 1x28x28 (frozen
-    # 0 / 1 x width 1 / 0.25, all-but-head) sets, 20 steps at batch 32 (2026-11-24, x86_64, one thread,
-    # glibc's mmap threshold fixed at 128 KiB; peaks repeat within 0.1 MiB), the least-squares fixed term
-    # raised by the worst under-prediction plus max(2%, 1 MiB): every measured peak is 30-98% of its
-    # prediction (the CNN sets 88-98%, ResNet-20 60-78%, the all-but-head sets 30-37%: the factor also
-    # scales the frozen prefix's working set, which XNNPACK runs in little memory). Most of a peak is the
-    # suffix program's memory-planned arena, whose high-water mark is a convolution's im2col copies in
-    # flight (slices and their concatenation: the CNN's 5x5 convolution on 28x28 sets the factor). Fitted on
-    # one family alone, the other's peaks reach 78% (CNN -> ResNet-20) and 122% (ResNet-20 -> CNN) of their
-    # predictions: both families are needed. prefix_batch 0: the native trainer runs the prefix over the
-    # whole batch. The Python ExecuTorch trainer (--trainer python, imports torch) peaks at 375-473 MiB on
-    # the same sets: these constants do not cover it.
-    "executorch": RuntimeConstants(5_193_728, 39_209_014, 3.08,
-                                   "measured native trainer RSS; workspace an upper bound on measured native "
-                                   "peaks (bench/artifact_memory.py)", prefix_batch=1),
+    # baseline_bytes: peak RSS of a fresh `edgefl-et-train --version` under GNU time, its libraries loaded and
+    # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms fitted by
+    # edgefl.upper_bound: per measured model family its own terms, each an upper bound on every measured peak of
+    # that family with a margin of max(2%, 1 MiB) (the grid's constants that maximise the smallest
+    # measured/predicted); a model of any other family gets, term by term, the largest any family needed. Measured
+    # 2026-11-25 on x86_64, one thread, glibc's mmap threshold fixed at 128 KiB, batch 32, 20 steps with the
+    # device's default evaluation (256 examples) before and after. On 35 peaks of exported sets: measured/predicted
+    # 0.79-0.98 (cnn 0.89-0.96, resnet 0.79-0.96, transformer 0.92-0.98, vgg11bn 0.92-0.98, vit 0.91-0.98); held
+    # out: cnn 0.70-0.86, resnet 0.74-0.94, transformer 0.77-0.96, vgg11bn 0.82-0.97, vit 0.70-0.87. Most of a peak
+    # is the suffix program's memory-planned arena; its high-water mark is a convolution's im2col patches in flight
+    # (built 2 MiB at a time). prefix_batch 1: the native trainer runs the frozen prefix one sample at a time. The
+    # Python ExecuTorch trainer (--trainer python, imports torch) peaks at 368-430 MiB on the same sets: these
+    # constants do not cover it.
+    "executorch": RuntimeConstants(
+        5_206_016, 10_120_091, 1.57,
+        "measured native trainer RSS; workspace an upper bound per family on measured native peaks",
+        prefix_batch=1, trained_weight_copies=0.6, frozen_weight_copies=0.8,
+        families=(("cnn", 9_482_907, 1.29, 0.0, 0.0),
+                  ("resnet", 9_655_715, 1.57, 0.0, 0.0),
+                  ("transformer", 6_306_763, 1.55, 0.6, 0.0),
+                  ("vgg11bn", 10_120_091, 1.33, 0.5, 0.8),
+                  ("vit", 1_037_702, 1.46, 0.4, 0.8),)),
 }
 
 

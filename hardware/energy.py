@@ -67,12 +67,19 @@ class _Integrator:
     def start(self) -> None:
         self._stop.clear()
         self.joules = 0.0
-        self._thread = threading.Thread(target=self._run, name="edgefl-energy", daemon=True)
+        # the first sample here, not on the thread: a loaded machine may start the thread late, and the
+        # integral must cover the time from start() on, as the meter's seconds do
+        self.error, self._thread = None, None
+        try:
+            first = (time.perf_counter(), self._read())
+        except BaseException as exc:     # surfaced by stop(), as a failure mid-run is
+            self.error = exc
+            return
+        self._thread = threading.Thread(target=self._run, args=first, name="edgefl-energy", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, last_t: float, last_w: float) -> None:
         try:
-            last_t, last_w = time.perf_counter(), self._read()
             while True:
                 stopping = self._stop.wait(self._interval)
                 now, watts = time.perf_counter(), self._read()
