@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Mapping
 
 from edgefl.broker.acl import fleet_acl, render_acl
 from edgefl.broker.credentials import CredentialChanges, sync_credentials
@@ -58,9 +59,10 @@ def _credential_line(changes: CredentialChanges, folder: Path) -> str:
 def write_deployment(folder: Path, fleet_name: str, device_ids: list[str], *, port: int | None = None,
                      bind: str | None = None, tls: bool = False, hosts: list[str] | None = None,
                      largest_transfer: int | None = None, max_packet_size: int | None = None,
-                     rotate: bool = False) -> list[str]:
-    """Write (or update) the deployment in `folder`; returns one line per thing written or kept."""
-    acl = fleet_acl(device_ids)
+                     rotate: bool = False, groups: Mapping[str, str] | None = None) -> list[str]:
+    """Write (or update) the deployment in `folder`; returns one line per thing written or kept. `groups`:
+    device -> its fleet group, whose shared topics the device may read."""
+    acl = fleet_acl(device_ids, groups)
     if bind is not None and (not bind or any(c.isspace() or not c.isprintable() for c in bind)):
         raise ConfigError(f"--bind {bind!r}: give one IP address or host name to listen on, or leave it out")
     listener = ListenerSettings(check_port(port if port is not None else (8883 if tls else 1883)), bind, tls)

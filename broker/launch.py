@@ -19,8 +19,9 @@ EMBEDDED_WARNING = """\
 *** edgefl: starting the EMBEDDED PYTHON BROKER (amqtt), {why}.
 *** For one machine or a trusted network only: it enforces the logins and the ACL of this folder but
 *** has no packet size limit (one oversized upload can exhaust its memory, which holds ~12x every
-*** payload), keeps sessions in memory only (a restart loses queued messages), speaks MQTT 3.1.1 only
-*** (edgefl serve and edgefl-device speak MQTT 5: they need mosquitto) and is 2-3x slower than mosquitto.
+*** payload), keeps sessions in memory only (a restart loses queued messages) and is 2-3x slower than
+*** mosquitto. It speaks MQTT 3.1.1 only: edgefl serve and edgefl-device fall back to it (a few seconds
+*** more per connect), without the broker's refusal of a device's wrong login or its packet size limit.
 *** Install mosquitto (apt install mosquitto) for anything else."""
 
 

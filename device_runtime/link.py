@@ -7,7 +7,8 @@
     link.report(report)                                      # tensors as one flat float32 buffer, chunked
 
 A complete `fetch_artifact` says so on `up/metrics` (`{"state": "training"}`): from then on the device
-trains, which the coordinator's live view shows.
+trains, which the coordinator's live view shows. A file fetched from the group's topics, which nothing
+acknowledges, is told there too (`{"state": "downloading", "bytes": n}`).
 
 `fetch` asks the coordinator for what the cache lacks (the chunks a previous, interrupted fetch did not
 get), checks every chunk's sha256 as it lands, acknowledges it (the coordinator keeps a window of
@@ -15,6 +16,11 @@ chunks in flight), ignores duplicates, reports bad chunks so they are sent again
 file's sha256 at the end. When nothing arrives for `stall_s` it asks again without a resend (chunks may
 just be slow on a thin link: QoS 1 and the session keep them coming); after `resend_after_s` of silence,
 or when the connection comes back, it asks for everything missing to be sent again.
+An artifact the instruction names as its group's (`Assignment.shared`: the coordinator published it once
+for the whole group) is read from the group's retained topics instead: the chunk manifest, then every
+chunk, each checked as above and none acknowledged (nothing travels per device); what they do not bring
+within `group_wait_s` of silence (a broker that lost them, an ACL without the group) is asked of the
+coordinator as above.
 Bytes are counted as they arrive: a report carries what its round downloaded (payload and MQTT framing).
 One thread uses a link at a time; messages are received on the wire's thread.
 """
@@ -37,7 +43,7 @@ from edgefl.errors import ArtifactError, ReportRejected, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest, TensorEntry
 from edgefl.messages import DeviceReport
 from edgefl.transport import envelopes, topics
-from edgefl.transport.chunks import CHUNK_SIZE, ChunkManifest
+from edgefl.transport.chunks import CHUNK_SIZE, WINDOW, ChunkManifest
 from edgefl.transport.envelopes import Assignment
 from edgefl.transport.tensors import pack, unpack
 from edgefl.transport.wire import Traffic, Wire, log
@@ -75,16 +81,21 @@ class FetchStats:
 
 class DeviceLink:
     def __init__(self, wire: Wire, device_id: str, cache_dir: str | Path, *, stall_s: float = 5.0,
-                 resend_after_s: float = 60.0):
+                 resend_after_s: float = 60.0, group_wait_s: Optional[float] = None):
+        """`group_wait_s`: how long a fetch from the group's topics waits on silence before it asks the
+        coordinator (default 3 x `stall_s`: a crowded broker answers a subscription slowly)."""
         self.device_id = topics.check_device_id(device_id)
         self.wire, self.cache = wire, ArtifactCache(cache_dir)
         self.stall_s, self.resend_after_s = stall_s, resend_after_s
+        self.group_wait_s = 3 * stall_s if group_wait_s is None else group_wait_s
         self.stats = FetchStats()
         self.broadcast: Optional[dict] = None
         self._assignments: queue.Queue = queue.Queue()
         self._marks: dict[int, Traffic] = {}          # round -> bytes received before its instruction
         self._lock = threading.Lock()
         self._fetching: Optional[str] = None
+        self._shared: dict[str, str] = {}             # artifact -> its group: the current instruction's
+        self._silent: set[str] = set()                # groups whose topics held nothing for this instruction
         self._inbox: queue.Queue = queue.Queue()
         self._profile: Optional[dict] = None
         self._closed = False
@@ -102,7 +113,7 @@ class DeviceLink:
     def _on_reconnect(self) -> None:
         if self._profile is not None:   # the will marked this device offline meanwhile
             self.announce(self._profile)
-        self._inbox.put((_RECONNECTED, None, None))
+        self._inbox.put((_RECONNECTED, None, None, None))
 
     # ---------------------------------------------------------------------------- instructions
     def next_instruction(self, timeout_s: Optional[float] = None) -> Optional[Assignment]:
@@ -114,6 +125,7 @@ class DeviceLink:
             return None
         if item == _CLOSED:
             raise TransportError(f"{self.device_id}: the link was closed")
+        self._shared, self._silent = dict(getattr(item, "shared", {})), set()
         return item
 
     def weights(self, assignment: Assignment, timeout_s: Optional[float] = None) -> dict[str, np.ndarray]:
@@ -135,7 +147,8 @@ class DeviceLink:
     def fetch(self, artifact: str, timeout_s: Optional[float] = None,
               progress: Optional[Callable[[int, int], None]] = None) -> Path:
         """The verified file of `artifact` (its sha256), from the cache or fetched (and resumed) from the
-        coordinator. `progress(chunks held, chunk count)` is called after each new chunk."""
+        coordinator, or from its group's topics where the current instruction says so. `progress(chunks
+        held, chunk count)` is called after each new chunk."""
         self._check_open()
         if (path := self.cache.get(artifact)) is not None:
             return path
@@ -143,25 +156,43 @@ class DeviceLink:
             return self.cache.put(b"")
         part = self.cache.partial(artifact)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        group = self._shared.get(artifact)
+        group = None if group in self._silent else group
+        subscribed: list[str] = []
+        early: dict[int, bytes] = {}     # a group's chunks that came before its manifest (a window's worth)
         with self._lock:
             self._fetching, self._inbox = artifact, queue.Queue()
         try:
-            self._want(part, resend=True)
+            if group is not None:    # one SUBSCRIBE: the broker sends the manifest's retained message first
+                subscribed = ([topics.group_manifest(group, artifact)] if part.manifest is None else []) + \
+                    [topics.group_chunks(group, artifact)]
+                self._subscribe(subscribed)
+            else:
+                self._want(part, resend=True)
             heard, dropped = time.monotonic(), False
             while True:
                 if part.complete:
+                    size = part.manifest.size
                     if (path := part.finish()) is not None:
+                        if artifact in self._shared:    # no acknowledgements told the coordinator: say it here
+                            self.wire.publish(topics.metrics(self.device_id), envelopes.dumps(
+                                {"state": "downloading", "artifact": artifact, "bytes": size}))
                         return path
+                    group = None     # chunks that did not add up: the coordinator sends them again
                     self._want(part, resend=True)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     held = f"{len(part.held)}/{part.manifest.count} chunks" if part.manifest else "no manifest"
                     raise TransportError(f"{self.device_id}: artifact {artifact[:12]} not complete after "
                                          f"{timeout_s:g} s ({held}); is the coordinator running? A later fetch resumes")
+                wait = self.group_wait_s if group is not None else self.stall_s
                 try:
-                    kind, seq, data = self._inbox.get(timeout=self.stall_s if remaining is None
-                                                      else min(self.stall_s, remaining))
+                    kind, seq, data, via = self._inbox.get(timeout=wait if remaining is None else min(wait, remaining))
                 except queue.Empty:
+                    if group is not None:      # the group's topics brought what they hold: ask for the rest
+                        self._group_gave_out(group, part)
+                        group, heard, dropped = None, time.monotonic(), False
+                        continue
                     lost = dropped or time.monotonic() - heard >= self.resend_after_s
                     self._want(part, resend=lost)
                     heard, dropped = (time.monotonic(), False) if lost else (heard, dropped)
@@ -171,16 +202,59 @@ class DeviceLink:
                     raise TransportError(f"{self.device_id}: the link was closed while fetching {artifact[:12]}; "
                                          "a later fetch resumes")
                 if kind == _RECONNECTED:
-                    self._want(part, resend=True)
+                    if group is None:          # a group's renewed subscription brings its retained messages again
+                        self._want(part, resend=True)
+                elif via is not None and not data:
+                    continue                   # a group's message cleared (an old round's)
+                elif kind == "manifest" and via is not None:
+                    if not self._on_group_manifest(part, data) and group is not None:
+                        self._group_gave_out(group, part)
+                        group = None
                 elif kind == "manifest":
                     self._on_manifest(part, data)
                 elif part.manifest is None:         # a chunk before its manifest: the next ask resends it
-                    dropped = True
+                    if via is not None and len(early) < WINDOW:
+                        early[seq] = data
+                    else:
+                        dropped = True
                 else:
-                    self._on_chunk(part, seq, data, progress)
+                    self._on_chunk(part, seq, data, progress, acknowledge=via is None)
+                if early and part.manifest is not None:
+                    for seq, data in sorted(early.items()):
+                        self._on_chunk(part, seq, data, progress, acknowledge=False)
+                    early.clear()
         finally:
             with self._lock:
                 self._fetching = None
+            if subscribed and not self._closed:
+                self.wire.unsubscribe(subscribed)
+
+    def _subscribe(self, filters: list[str]) -> None:
+        """Subscribe to a group's topics; a broker slow to confirm it (a crowded one) is not a failure: what
+        comes, comes, and what does not is asked of the coordinator after `group_wait_s`."""
+        try:
+            self.wire.subscribe(filters)
+        except TransportError as exc:
+            log.info("%s: %s; going on", self.device_id, exc)
+
+    def _group_gave_out(self, group: str, part) -> None:
+        """The group's topics brought all they will: the coordinator sends the rest (all of it, when they held
+        not even the manifest: then the rest of this instruction's files are asked of it directly)."""
+        if part.manifest is None:
+            self._silent.add(group)
+            log.warning("%s: group %s's topics hold no artifact %s (may this login read fl/v1/group/%s/?); "
+                        "asking the coordinator", self.device_id, group, part.id[:12], group)
+        self._want(part, resend=True)
+
+    def _on_group_manifest(self, part, payload: bytes) -> bool:
+        try:
+            manifest = ChunkManifest.from_json(envelopes.loads(payload, f"artifact {part.id[:12]}: manifest"), part.id)
+        except (ArtifactError, TransportError) as exc:
+            log.warning("%s: %s", self.device_id, exc)
+            return False
+        if part.manifest != manifest:
+            part.start(manifest)
+        return True
 
     def fetch_artifact(self, artifact: str, timeout_s: Optional[float] = None, into: Optional[Path] = None) -> Path:
         """An exported artifact folder from its manifest's id (`WireTransport.ship_artifact`): the manifest,
@@ -224,17 +298,20 @@ class DeviceLink:
         if part.manifest != manifest:
             part.start(manifest)
 
-    def _on_chunk(self, part, seq: int, data: bytes, progress) -> None:
+    def _on_chunk(self, part, seq: int, data: bytes, progress, acknowledge: bool = True) -> None:
+        """`acknowledge`: a chunk the coordinator sent this device (a group's retained chunks are not)."""
         verdict = part.accept(seq, data)
         if verdict == "bad":
             self.stats.corrupt_chunks += 1
-            self.wire.publish(topics.ack(self.device_id), envelopes.bad(part.id, seq))
+            if acknowledge:
+                self.wire.publish(topics.ack(self.device_id), envelopes.bad(part.id, seq))
             return
         if verdict == "dup":
             self.stats.duplicate_chunks += 1
         else:
             self.stats.chunks_accepted += 1
-        self.wire.publish(topics.ack(self.device_id), envelopes.got(part.id, seq))
+        if acknowledge:
+            self.wire.publish(topics.ack(self.device_id), envelopes.got(part.id, seq))
         if verdict == "ok" and progress is not None:
             progress(len(part.held), part.manifest.count)
 
@@ -280,7 +357,7 @@ class DeviceLink:
         self._closed = True
         how()
         self._assignments.put(_CLOSED)
-        self._inbox.put((_CLOSED, None, None))
+        self._inbox.put((_CLOSED, None, None, None))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -310,7 +387,7 @@ class DeviceLink:
             with self._lock:
                 wanted = self._fetching == t.sha
                 if wanted:
-                    self._inbox.put((t.kind, t.seq, payload))
+                    self._inbox.put((t.kind, t.seq, payload, t.group))
             if not wanted:
                 self.stats.stale_chunks += t.kind == "chunk"
         elif t.kind == "broadcast":

@@ -4,7 +4,8 @@ retained last will on `fl/v1/presence/<device>` that marks it offline when the c
 
 Connecting checks that the broker takes this device's publishes on its own `up/` (the PUBACK's reason
 code: mosquitto refuses what its ACL denies with 0x87 and drops it): another device's login connects
-fine but is heard by nobody, so it fails here with the device id and the credentials file."""
+fine but is heard by nobody, so it fails here with the device id and the credentials file. Over MQTT 3.1.1
+(the embedded broker) a PUBACK has no reason code: the check is not made, and the log says so."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Optional
 from edgefl.errors import TransportError
 from edgefl.transport import envelopes, topics
 from edgefl.transport.mqtt_wire import MqttWire
+from edgefl.transport.wire import log
 from edgefl.device_runtime.link import DeviceLink
 
 LOST = "its connection was lost (last will)"   # what its presence says when the broker sends the will
@@ -35,4 +37,7 @@ class MqttLink(DeviceLink):
             raise TransportError(f"{device_id}: the broker at {wire.url} refused its publish on its own up/ topic "
                                  f"({refusal}): {login} is not {device_id}'s login, so nobody would hear it; give "
                                  f"credentials/{device_id}.json from 'edgefl broker config'")
+        if not wire.can_confirm:
+            log.info("%s: the broker at %s speaks MQTT 3.1.1: whether this login may publish on %s's up/ topic is not "
+                     "checked (the login check needs MQTT 5)", device_id, wire.url, device_id)
         super().__init__(wire, device_id, cache_dir, stall_s=stall_s, resend_after_s=resend_after_s)

@@ -3,10 +3,11 @@
 Per round: sample devices, ask the strategy for each device's TrainConfig (the plan's step for its group
 and round, or an online choice) and trainer options, check it fits the device's budgets, send instruction
 + extracted weights through the Transport, collect DeviceReports (a device that failed, e.g. out of
-memory, is recorded and left out), place each update into the global model and aggregate with the
-strategy's rule, let the strategy look at the new global state (`after_round`), evaluate every k rounds
-(globally and on each group's data), append to the History. Tensor work is delegated to a `ServerModel`
-so this module stays free of torch.
+memory, is recorded and left out), place each update into the global model and fold it into the round's
+running aggregate by the strategy's rule as it arrives, dropping its tensors (journaled first), so the loop
+holds one upload at a time however many devices report; let the strategy look at the new global state
+(`after_round`), evaluate every k rounds (globally and on each group's data), append to the History.
+Tensor work is delegated to a `ServerModel` so this module stays free of torch.
 """
 from __future__ import annotations
 
@@ -38,11 +39,21 @@ class Delivery:
     artifacts: dict = field(default_factory=dict)
 
 
+class Accumulator(Protocol):
+    """A round's running aggregate: each contribution is folded in as it arrives (edgefl.aggregate)."""
+    def add(self, contribution: object) -> None: ...
+
+
 class ServerModel(Protocol):
-    """What the loop needs from the global model (torch lives behind this)."""
+    """What the loop needs from the global model (torch lives behind this). `streams`: its aggregation
+    rules fold contributions one at a time (`accumulator`, then `apply`); a server whose rule cannot gets
+    the round's contributions in one list, in device order (`aggregate`)."""
     state: Mapping[str, object]   # global tensors by name: what online decisions (ProFL) read
+    streams: bool
     def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery: ...
     def contribution(self, report: DeviceReport, instruction: RoundInstruction, handle: object) -> object: ...
+    def accumulator(self, mode: str) -> Accumulator: ...      # over the current global state
+    def apply(self, running: Accumulator) -> None: ...        # the global state becomes its result
     def aggregate(self, contributions: list, mode: str) -> None: ...
     def evaluate(self) -> dict: ...
     def evaluate_groups(self) -> dict[str, float]: ...
@@ -144,7 +155,7 @@ class Coordinator:
         record = RoundRecord(round=r, sampled={d: self.group_of[d] for d in sampled}, participating={})
         sent: dict[str, tuple[RoundInstruction, object]] = {}
         # reports a killed coordinator had accepted for this round: their devices are not asked again
-        journaled = {rep.device_id: rep for rep in self.state.journaled(r)} if self.state is not None else {}
+        journaled = set(self.state.journaled_devices(r)) if self.state is not None else set()
         reachable = set(self.online()) if self.online is not None else None
         for device in sampled:
             if reachable is not None and device not in reachable and device not in journaled:
@@ -181,58 +192,108 @@ class Coordinator:
             if device not in journaled:
                 self.transport.send(instruction, delivery.weights, delivery.artifacts or None)
         waiting = [d for d in sent if d not in journaled]
-        journal = self.state.journal if self.state is not None else None
-        reports = list(journaled.values()) + self.transport.collect(r, waiting, self.settings.round_timeout_s, journal)
-        # aggregation sums in this order: by device, not by arrival, so a run is reproducible over any transport
-        reports.sort(key=lambda rep: rep.device_id)
-        contributions, losses, accepted = [], [], set()
-        for report in reports:
-            instruction, handle = sent.get(report.device_id, (None, None))
-            try:
-                if not report.ok and report.reason.startswith(UPLOAD_REJECTED):   # refused by the transport
-                    raise ReportRejected(f"{report.device_id}: {report.reason}")
-                if instruction is None:
-                    raise ReportRejected(f"{report.device_id} was not sampled in round {r}")
-                if report.device_id in accepted:
-                    raise ReportRejected(f"{report.device_id}: duplicate report for round {r}")
-                report.check(instruction)
-                if report.activation_bytes is not None:
-                    record.measured_activation_bytes[report.device_id] = report.activation_bytes
-                if not report.ok:  # the device ran out of memory or crashed: the round goes on without it
-                    record.failed[report.device_id] = report.reason or "device failed"
-                    record.download_bytes += report.download_bytes
-                    continue
-                contributions.append(self.server.contribution(report, instruction, handle))
-            except ReportRejected as exc:
-                # a device may send several bad reports in a round: each reason stays
-                old = record.rejected.get(report.device_id)
-                record.rejected[report.device_id] = f"{old} | {exc}" if old else str(exc)
-                continue
-            accepted.add(report.device_id)
-            if report.peak_rss_bytes is not None:
-                record.measured_peak_bytes[report.device_id] = report.peak_rss_bytes
-            record.examples[report.device_id] = report.examples
-            group = self.group_of[report.device_id]
-            record.participating[group] = record.participating.get(group, 0) + 1
-            record.upload_bytes += report.upload_bytes
-            record.download_bytes += report.download_bytes
-            if report.metrics:
-                record.device_metrics[report.device_id] = report.metrics
-            if report.loss_after is not None:
-                losses.append(report.loss_after)
-        answered = accepted | set(record.failed) | set(record.rejected)
-        record.missing = sorted(d for d in sent if d not in answered)
-        record.aggregated = len(contributions) >= max(self.settings.min_reports, 1)
-        if record.aggregated:
-            self.server.aggregate(contributions, self.strategy.aggregation)
+        intake = _Intake(record, sent, self.server, self.strategy.aggregation)
+
+        def arrived(report: DeviceReport) -> None:
+            if self.state is not None:
+                self.state.journal(report)
+            intake.take(report)
+
+        for report in self.state.journaled(r) if journaled else ():
+            intake.take(report)
+        for report in self.transport.collect(r, waiting, self.settings.round_timeout_s, arrived):
+            if not intake.took(report):     # made up at the end (failed: gone offline) or held back (duplicates)
+                intake.take(report)
+        intake.close(self.group_of, self.settings.min_reports)
         self.strategy.after_round(r, record, self.server.state)
-        record.train_loss = sum(losses) / len(losses) if losses else None
         if r % self.settings.eval_every == 0 or r == self.settings.rounds:
             metrics = self.server.evaluate()
             record.accuracy, record.loss = metrics.get("accuracy"), metrics.get("loss")
             record.group_accuracy = self.server.evaluate_groups()
         record.wall_s = time.perf_counter() - t0
         return record
+
+
+class _Intake:
+    """A round's reports, taken one at a time as they arrive: each is checked against the instruction it
+    answers and recorded as rejected, failed or accepted, and an accepted update is folded into the round's
+    running aggregate at once. Every report's tensors are dropped once taken (the journal has them), so the
+    loop holds one upload at a time, however many devices report. `close` puts the record's devices in
+    order, whatever order the transport gave, and makes the aggregate the new global model (quorum allowing).
+    """
+
+    def __init__(self, record: RoundRecord, sent: Mapping[str, tuple[RoundInstruction, object]],
+                 server: ServerModel, mode: str):
+        self.record, self.sent, self.server, self.mode = record, sent, server, mode
+        self.running = server.accumulator(mode) if server.streams else None
+        self.held: dict[str, object] = {}     # a server whose rule cannot fold one at a time: by device
+        self.accepted: set[str] = set()
+        self.losses: dict[str, float] = {}
+        self._taken: dict[int, DeviceReport] = {}   # by id, kept alive so ids stay unique (tensors dropped)
+
+    def took(self, report: DeviceReport) -> bool:
+        return self._taken.get(id(report)) is report
+
+    def take(self, report: DeviceReport) -> None:
+        self._taken[id(report)] = report
+        record, r = self.record, self.record.round
+        instruction, handle = self.sent.get(report.device_id, (None, None))
+        try:
+            if not report.ok and report.reason.startswith(UPLOAD_REJECTED):   # refused by the transport
+                raise ReportRejected(f"{report.device_id}: {report.reason}")
+            if instruction is None:
+                raise ReportRejected(f"{report.device_id} was not sampled in round {r}")
+            if report.device_id in self.accepted:
+                raise ReportRejected(f"{report.device_id}: duplicate report for round {r}")
+            report.check(instruction)
+            if report.activation_bytes is not None:
+                record.measured_activation_bytes[report.device_id] = report.activation_bytes
+            if not report.ok:  # the device ran out of memory or crashed: the round goes on without it
+                record.failed[report.device_id] = report.reason or "device failed"
+                record.download_bytes += report.download_bytes
+                return
+            contribution = self.server.contribution(report, instruction, handle)
+        except ReportRejected as exc:
+            # a device may send several bad reports in a round: each reason stays
+            old = record.rejected.get(report.device_id)
+            record.rejected[report.device_id] = f"{old} | {exc}" if old else str(exc)
+            return
+        finally:
+            report.tensors = {}
+        if self.running is not None:
+            self.running.add(contribution)
+        else:
+            self.held[report.device_id] = contribution
+        self.accepted.add(report.device_id)
+        if report.peak_rss_bytes is not None:
+            record.measured_peak_bytes[report.device_id] = report.peak_rss_bytes
+        record.examples[report.device_id] = report.examples
+        record.upload_bytes += report.upload_bytes
+        record.download_bytes += report.download_bytes
+        if report.metrics:
+            record.device_metrics[report.device_id] = report.metrics
+        if report.loss_after is not None:
+            self.losses[report.device_id] = report.loss_after
+
+    def close(self, group_of: Mapping[str, str], min_reports: int) -> None:
+        record = self.record
+        self._taken.clear()
+        for by_device in (record.measured_activation_bytes, record.failed, record.rejected,
+                          record.measured_peak_bytes, record.examples, record.device_metrics):
+            ordered = sorted(by_device.items())
+            by_device.clear()
+            by_device.update(ordered)
+        for device in sorted(self.accepted):
+            record.participating[group_of[device]] = record.participating.get(group_of[device], 0) + 1
+        answered = self.accepted | set(record.failed) | set(record.rejected)
+        record.missing = sorted(d for d in self.sent if d not in answered)
+        losses = [self.losses[d] for d in sorted(self.losses)]
+        record.train_loss = sum(losses) / len(losses) if losses else None
+        record.aggregated = len(self.accepted) >= max(min_reports, 1)
+        if record.aggregated and self.running is not None:
+            self.server.apply(self.running)
+        elif record.aggregated:   # in device order, so a run is reproducible over any transport
+            self.server.aggregate([self.held[d] for d in sorted(self.held)], self.mode)
 
 
 def record_to_json(record: RoundRecord) -> dict:

@@ -10,8 +10,9 @@ Layout of the state folder:
 
 A checkpoint is complete or absent: its files are written first, then checkpoint.json is replaced
 atomically to point at them, and only then are older files removed. A report is journaled before the
-round aggregates it, so a coordinator killed mid-round finds on restart every report it had accepted and
-waits only for the others; the journal of a round is dropped once that round's checkpoint exists.
+round folds it into its aggregate (and drops its tensors), so a coordinator killed mid-round finds on
+restart every report it had accepted, folds them again one at a time and waits only for the others; the
+journal of a round is dropped once that round's checkpoint exists.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import os
 import pickle
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -95,16 +96,21 @@ class RunState:
         _atomic_write(folder / f"{report.device_id}.npz",
                       _npz_bytes({**tensors, "summary": np.frombuffer(json.dumps(summary).encode(), np.uint8)}))
 
-    def journaled(self, round: int) -> list[DeviceReport]:
+    def journaled_devices(self, round: int) -> list[str]:
+        """The devices whose report of `round` the journal holds, without reading the reports."""
         folder = self.folder / "journal" / str(round)
-        reports = []
-        for path in sorted(folder.glob("*.npz")) if folder.exists() else []:
-            with np.load(path) as npz:
+        return sorted(p.stem for p in folder.glob("*.npz")) if folder.exists() else []
+
+    def journaled(self, round: int) -> Iterator[DeviceReport]:
+        """The journaled reports of `round`, by device, each read from disk when it is reached (a restarted
+        coordinator folds one before it reads the next)."""
+        folder = self.folder / "journal" / str(round)
+        known = {f.name for f in fields(DeviceReport)}
+        for device in self.journaled_devices(round):
+            with np.load(folder / f"{device}.npz") as npz:
                 summary = json.loads(npz["summary"].tobytes())
                 tensors = {k[2:]: npz[k] for k in npz.files if k.startswith("t/")}
-            known = {f.name for f in fields(DeviceReport)}
-            reports.append(DeviceReport(**{k: v for k, v in summary.items() if k in known}, tensors=tensors))
-        return reports
+            yield DeviceReport(**{k: v for k, v in summary.items() if k in known}, tensors=tensors)
 
     def _drop_journal(self, upto: int) -> None:
         for folder in (self.folder / "journal").iterdir():

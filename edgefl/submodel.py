@@ -5,7 +5,8 @@ A device runs `device_model(ref, config, indices)`: `build(ref, indices.widths)`
 width-scaled dimension indexes channel spaces of the global model (edgefl.zoo.spaces); `IndexSets` holds,
 for each reduced space, the global channels kept. `extract` slices the global state into the device state
 (frozen layers included: the device runs them), `embed` places the tensors the device trained into
-global-shaped tensors with a mask of the entries they cover, and `aggregate` combines such contributions.
+global-shaped tensors with a mask of the entries they cover, and `aggregate` combines such contributions
+(one at a time, as they arrive, in edgefl.aggregate).
 
 Auxiliary heads live in the global state as 'aux.<boundary>.<kind>.<name>' (one per boundary and kind) and
 on the device as 'aux.<name>'; a head the global state lacks starts from a seeded init (`ensure_aux`).
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from edgefl import lowrank
+from edgefl.aggregate import Contribution, RunningAggregate
 from edgefl.errors import ConfigError, ReportRejected
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
@@ -32,7 +34,6 @@ from edgefl.zoo.base import scaled
 from edgefl.zoo.spaces import Dim, Seg, tensor_dims
 
 State = dict[str, torch.Tensor]
-Contribution = tuple[float, State, State]      # (local example count, placed, mask) from `embed`
 
 
 @dataclass(frozen=True)
@@ -268,57 +269,13 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
     return placed, mask
 
 
-def _whole(mask: torch.Tensor) -> bool:
-    """True for embed's mask of a tensor trained whole: one True broadcast over the shape (all strides 0),
-    told apart without reading every element."""
-    return mask.numel() > 0 and not any(mask.stride()) and bool(mask[(0,) * mask.dim()])
-
-
 def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[Contribution],
               mode: Literal["trained", "sampled"] = "trained") -> State:
-    """Combine `embed` contributions (n_k, x_k, m_k), n_k the device's local example count, entry by entry:
-
-    'trained' (FedOLF alg. 1, ProFL eq. 1, FeDepth): the weighted mean over the devices that trained it,
-        w'[e] = sum_k n_k m_k[e] x_k[e] / sum_k n_k m_k[e],   and w'[e] = w[e] where no device trained e;
-    'sampled' (CoCoFL / CAFF eq. 5, layer-wise): every sampled device counts, with the previous global value
-        where it did not train e,  w'[e] = sum_k n_k (m_k[e] x_k[e] + (1 - m_k[e]) w[e]) / sum_k n_k.
-
-    Integer tensors (BN num_batches_tracked) take the max over the devices that trained them, else the
-    global value, in both modes. Pure: returns a new dict; tensors nobody touched are the global ones.
-    Every contribution key must be in global_state (add new auxiliary heads with `ensure_aux` first).
-    LoRA-adapted weights are then set to their base plus the new adapters' product (edgefl.lowrank.merge)."""
-    if mode not in ("trained", "sampled"):
-        raise ValueError(f"unknown aggregation mode {mode!r}")
-    weights = [float(n) for n, _, _ in contributions]
-    if any(n < 0 for n in weights) or (weights and sum(weights) <= 0):
-        raise ValueError(f"example counts must be >= 0 with a positive sum, got {weights}")
-    for _, placed, mask in contributions:
-        if placed.keys() != mask.keys():
-            raise ValueError("placed and mask name different tensors")
-        if unknown := sorted(placed.keys() - global_state.keys()):
-            raise KeyError(f"{unknown[:3]} not in the global state; add new auxiliary heads with ensure_aux")
-    new = {}
-    for key, g in global_state.items():
-        parts = [(n, p[key], m[key]) for n, (_, p, m) in zip(weights, contributions, strict=True) if key in p]
-        if not parts:
-            new[key] = g
-        elif not g.is_floating_point():
-            low = torch.iinfo(g.dtype).min
-            best = torch.stack([torch.where(m, p.to(g.dtype), low) for _, p, m in parts]).amax(0)
-            new[key] = torch.where(torch.stack([m for _, _, m in parts]).any(0), best, g)
-        else:
-            g64 = g.detach().double()
-            num, den = torch.zeros_like(g64), torch.zeros_like(g64)
-            for n, p, m in parts:       # accumulated in place: one float64 pair per tensor, not per device
-                if _whole(m):
-                    num.add_(p, alpha=n)
-                    den.add_(n)
-                else:
-                    num.add_(torch.where(m, p.double(), 0.0), alpha=n)
-                    den.add_(m.double(), alpha=n)
-            if mode == "trained":
-                out = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), g64)
-            else:
-                out = (num + (sum(weights) - den) * g64) / sum(weights)
-            new[key] = out.to(g.dtype)
-    return lowrank.merge(new)
+    """Combine a round's `embed` contributions (n_k, x_k, m_k) by the rule `mode` names: the same fold as the
+    coordinator's, in their order (edgefl.aggregate.RunningAggregate states the rules). Pure: returns a new
+    dict; tensors nobody touched are the global ones. Every contribution key must be in global_state (add
+    new auxiliary heads with `ensure_aux` first)."""
+    running = RunningAggregate(global_state, mode)
+    for contribution in contributions:
+        running.add(contribution)
+    return running.result()

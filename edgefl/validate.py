@@ -8,6 +8,7 @@ arbitrarily far in a round even with well-formed tensors.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping
 
@@ -43,8 +44,14 @@ def expected_of(sent: Mapping[str, Any], names) -> dict[str, tuple[tuple[int, ..
     out = {}
     for name in names:
         a = _array(sent[name])
-        out[name] = (tuple(a.shape), a.dtype.name)
+        out[name] = _shape_dtype(tuple(a.shape), a.dtype.name)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_dtype(shape: tuple[int, ...], dtype: str) -> tuple[tuple[int, ...], str]:
+    """One tuple per (shape, dtype): a round's instructions to thousands of devices hold them once."""
+    return shape, dtype
 
 
 def update_norm(sent: Mapping[str, Any], trained: Mapping[str, Any]) -> float:

@@ -53,8 +53,9 @@ def config(
             raise ConfigError(f"--max-packet-size: {exc}") from None
     largest = _largest_transfer(plan, fleet) if plan is not None else None
     ids = [d for g in fleet.groups for d in g.device_ids]
+    groups = {d: g.name for g in fleet.groups for d in g.device_ids}
     for line in write_deployment(output, fleet.name, ids, port=port, bind=bind, tls=tls, hosts=hosts or None,
-                                 largest_transfer=largest, max_packet_size=override, rotate=rotate):
+                                 largest_transfer=largest, max_packet_size=override, rotate=rotate, groups=groups):
         print(line)
     print(f"start it with: edgefl broker up --config {output}")
 

@@ -96,6 +96,20 @@ def _pretrained_ref(root: Path, depths: Optional[list[int]], train, strategy):
     return ref
 
 
+@contextmanager
+def _engine(engine: str, address: Optional[str], ref, device: str):
+    """The transport the devices run behind: in this process, or in the actors of a Ray cluster."""
+    if engine == "local":
+        from edgefl.transport.memory import InMemoryTransport
+        yield InMemoryTransport
+        return
+    from edgefl.cli.main import stdout
+    from edgefl.cli.ray_engine import ray_engine
+    with ray_engine(address, ref, device) as ray:
+        stdout.print(ray.describe(), markup=False, highlight=False)
+        yield ray
+
+
 def emulate(
     devices: Path = typer.Option(..., "--devices"),
     model: str = typer.Option(..., "--model"),
@@ -127,8 +141,12 @@ def emulate(
     pretrained: Optional[Path] = typer.Option(None, "--pretrained",
                                               help="folder written by 'edgefl pretrain': the transformer starts from "
                                                    "those weights (caff picks among its depths)"),
+    engine: str = typer.Option("local", "--engine", help="where the devices train: local (this process) | ray "
+                                                         "(actors of a Ray cluster; pip install 'edgefl[ray]')"),
+    address: Optional[str] = typer.Option(None, "--address", help="--engine ray: the cluster's head, HOST:PORT "
+                                                                  "(default: start Ray on this machine)"),
 ):
-    """Train the whole fleet in one process, each virtual device held to its budget."""
+    """Train the whole fleet in one process (or a Ray cluster's actors), each virtual device held to its budget."""
     from edgefl.cli.main import stdout
     from edgefl.cli.options import model_ref, parse_int_list
     from edgefl.coordinator import LoopSettings
@@ -142,6 +160,16 @@ def emulate(
     from edgefl.strategies import PlanContext, get_strategy
 
     resolve_device(device)  # fail before any work when CUDA is asked for and absent
+    if engine not in ("local", "ray"):
+        raise ConfigError(f"--engine: expected local or ray, got {engine!r}")
+    if address is not None and engine != "ray":
+        raise ConfigError("--address: it names a Ray cluster; add --engine ray")
+    if engine == "ray":   # missing Ray or no cluster at --address fail here, not after the data loads
+        from edgefl.cli.ray_engine import check_address
+        from edgefl.transport.ray_transport import import_ray
+        import_ray()
+        if address is not None:
+            check_address(address)
     check_output(output, force, "run", _is_run)   # and before minutes of work on a folder it may not write
     if pretrained is not None and model != "transformer":
         raise ConfigError(f"--pretrained: the pretrained set holds transformers; use --model transformer, not {model}")
@@ -176,7 +204,7 @@ def emulate(
         "clients_per_round": clients_per_round, "partition": partition, "device": device, "seed": seed,
         "batch_size": batch_size, "local_epochs": local_epochs, "lr": lr, "toa": toa_scale,
         "measure_memory": measure_memory, "pretrained": str(pretrained) if pretrained else None,
-        "train_examples": len(train.y),
+        "train_examples": len(train.y), **({"engine": "ray", "ray_address": address} if engine == "ray" else {}),
         "test_examples": len(test.y), "edgefl_version": _version()}, indent=2) + "\n")
     plan.write(output / "plan.json")
     for g in plan.groups.values():
@@ -187,7 +215,7 @@ def emulate(
     settings = LoopSettings(rounds=rounds, clients_per_round=clients_per_round, seed=seed, eval_every=eval_every,
                             lr=lr, lr_final=lr / 10, measure_memory=measure_memory)
     records = []
-    with _round_display(stdout, rounds) as show:
+    with _engine(engine, address, ref, device) as transport, _round_display(stdout, rounds) as show:
 
         def on_round(record):
             records.append(record)
@@ -195,7 +223,7 @@ def emulate(
             show(record)
 
         _, server = run_emulation(fleet, plan, strategy, ref, train, test, shares, settings, device, on_round,
-                                  toa=toa_scale, initial_state=initial)
+                                  toa=toa_scale, initial_state=initial, transport=transport)
     import torch
     torch.save(server.state, output / "weights.pt")
     last = next((r.accuracy for r in reversed(records) if r.accuracy is not None), None)

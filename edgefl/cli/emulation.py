@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import torch
 
+from edgefl.aggregate import RunningAggregate
 from edgefl.coordinator import Coordinator, Delivery, LoopSettings, RoundRecord
 from edgefl.data import Dataset
 from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice, TorchTrainer
@@ -30,6 +31,7 @@ from edgefl.submodel import (IndexSets, aggregate, device_model, embed, ensure_a
                              nested_index)
 from edgefl.toa import toa
 from edgefl.trainconfig import TrainConfig
+from edgefl.transport import Transport
 from edgefl.transport.memory import InMemoryTransport
 from edgefl.validate import check_tensors, clip_update, expected_of
 from edgefl.zoo import ModelRef, build
@@ -41,12 +43,14 @@ class TorchServerModel:
     An instruction moves the tensors of one or more *parts*, each a TrainConfig with its index sets: the
     blocks of a FeDepth sequence, or a DepthFL config plus one part per exit it holds (the exit head at b
     reads layers [0, b)). Weights travel under global names; a contribution embeds each part and merges
-    them. With `toa` = s, a single config with two or more frozen layers goes down with the frozen layers
-    before the last one shrunk to TOA-sampled filters (FedOLF sec. 3.3); the device builds its model at
-    the widths sent with it. `groups`: per fleet group, local examples to measure its accuracy on.
+    them, and the loop folds it into the round's running aggregate as it arrives (`accumulator`,
+    edgefl.aggregate). With `toa` = s, a single config with two or more frozen layers goes down with the
+    frozen layers before the last one shrunk to TOA-sampled filters (FedOLF sec. 3.3); the device builds
+    its model at the widths sent with it. `groups`: per fleet group, local examples to measure its accuracy on.
     `initial`: the global weights to start from (a pretrained model), else a seeded fresh model.
     `evaluated`: the config whose model is evaluated (Strategy.evaluated_config), else the whole model.
     """
+    streams = True      # both rules ('trained', 'sampled') are sums: they fold one contribution at a time
 
     def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int,
                  groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None,
@@ -113,7 +117,14 @@ class TorchServerModel:
             sent.update({e.key: sliced[e.device_key] for e in entries(self.ref, config)})
         return sent
 
+    def accumulator(self, mode: str) -> RunningAggregate:
+        return RunningAggregate(self.state, mode)
+
+    def apply(self, running: RunningAggregate) -> None:
+        self.state = running.result()
+
     def aggregate(self, contributions: list, mode: str) -> None:
+        """A round's contributions all at once: the same fold, in their order."""
         self.state = aggregate(self.state, contributions, mode)
 
     def global_model(self) -> torch.nn.Module:
@@ -179,13 +190,15 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
             device_memory: Optional[Mapping[str, int]] = None, group_eval_examples: int = 256,
             state: Optional[RunState] = None, clip_norm: Optional[float] = None,
             initial_state: Optional[Mapping[str, torch.Tensor]] = None,
+            transport: Callable[[Callable[[str], EmulatedDevice]], Transport] = InMemoryTransport,
             ) -> tuple[list[RoundRecord], TorchServerModel]:
     """Run `settings.rounds` rounds. `shares[i]` are the training-example indices of the i-th device in
     sorted device order. `toa`: FedOLF TOA scale for frozen-prefix downloads. `device_memory`: the memory
     a device really has where it differs from its group's budget (what `settings.measure_memory` checks
     against). `group_eval_examples`: per group, local examples the per-group accuracy is measured on.
     `state`: checkpoint every round there and resume from it. `clip_norm`: bound each update's L2 norm.
-    `initial_state`: the global weights to start from (a pretrained model), else a seeded fresh one."""
+    `initial_state`: the global weights to start from (a pretrained model), else a seeded fresh one.
+    `transport(make_device)`: where the devices run (default: in this process; edgefl.cli.ray_engine: Ray actors)."""
     devices = sorted(d for g in fleet.groups for d in g.device_ids)
     if len(shares) != len(devices):
         raise ValueError(f"{len(shares)} data shares for {len(devices)} devices")
@@ -201,6 +214,6 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
     server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm,
                               initial=initial_state, evaluated=strategy.evaluated_config(plan))
-    coordinator = Coordinator(fleet, plan, strategy, server, InMemoryTransport(make_device), settings,
+    coordinator = Coordinator(fleet, plan, strategy, server, transport(make_device), settings,
                               examples=lambda d: len(share_of[d]), on_round=on_round, state=state)
     return coordinator.run(), server

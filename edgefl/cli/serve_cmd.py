@@ -84,7 +84,9 @@ def serve(
     for runtime in sorted(set(runtime_of.values())):
         backend_for(runtime)     # a missing export backend fails now, not in round 1
     transport = MqttTransport(broker, credentials, ca_file=ca_file)
+    group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
     try:
+        transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
         everyone = sorted(runtime_of)
         stdout.print(f"waiting up to {wait_online:.0f} s for {len(everyone)} devices at {broker} ...")
         _report_online(transport.wait_online(everyone, wait_online), everyone, broker, wait_online, stdout)
@@ -98,7 +100,7 @@ def serve(
                                 min_reports=min_reports)
         examples = {d: g.examples or 0 for g in fleet.groups for d in g.device_ids}
         live = LiveView(transport.activity, stdout, state, rounds=total, broker=broker,
-                        groups={d: g.name for g in fleet.groups for d in g.device_ids},
+                        groups=group_of,
                         online=lambda: transport.online().keys())
         coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
                                   examples=examples.__getitem__, on_round=live.round_done,

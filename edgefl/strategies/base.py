@@ -93,9 +93,9 @@ class Strategy:
     """A method: `plan` (planning half) and the hooks the round loop calls (training half).
     Subclasses set `name`, implement `plan` and override only the hooks they change."""
     name: ClassVar[str] = ""
-    # aggregation rule (edgefl.submodel.aggregate): 'trained' averages each entry over the devices that
-    # trained it (FedOLF alg. 1, ProFL eq. 1, FeDepth); 'sampled' also counts sampled devices that did not
-    # train it, with the previous global value (the CoCoFL/CAFF layer-wise rule)
+    # aggregation rule (edgefl.aggregate, folded as reports arrive): 'trained' averages each entry over the
+    # devices that trained it (FedOLF alg. 1, ProFL eq. 1, FeDepth); 'sampled' also counts sampled devices
+    # that did not train it, with the previous global value (the CoCoFL/CAFF layer-wise rule)
     aggregation: ClassVar[str] = "trained"
 
     def plan(self, ctx: PlanContext) -> Plan:

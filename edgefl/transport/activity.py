@@ -2,7 +2,8 @@
 from the messages that reach it, for a live view and a status file.
 
     sent         its instruction is out; nothing heard from it since
-    downloading  it acknowledges artifact chunks (up/ack); `bytes` counts what it has acknowledged
+    downloading  it acknowledges artifact chunks (up/ack), or says it has a file of its group's (up/metrics);
+                 `bytes` counts what it has acknowledged
     training     it has every file of its set (it says so on up/metrics) and trains
     reported     its report is in
     failed       its report says it failed, was refused, or it went offline during the round

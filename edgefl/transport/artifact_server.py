@@ -7,6 +7,14 @@ then at most `window` chunks in flight, each sent when an earlier one is acknowl
 restarts the transfer from what the device says it holds; one without (a short silence) only tops up
 the window, so chunks that are merely slow on a thin link are not sent twice. Runs on the wire's
 receive thread.
+
+What a group's devices all get alike is offered with its `group`: besides the offer to the device (which
+stays, so a device that misses some of it asks for the rest as above), it is published once on the group's
+topics as retained messages, its chunks first and its chunk manifest last (a device that sees the manifest
+finds every chunk), with a flush every `window` chunks so the wire never holds more than that. Devices of the
+group read it from the broker however late they come or often they resume; nothing is sent per device.
+`retire(before_round)` clears (empty retained payloads) what was last offered before that round, and what a
+previous run left on the broker (`found`); `retire(..., only=(group, id))` one publication at once.
 """
 from __future__ import annotations
 
@@ -23,6 +31,13 @@ from edgefl.transport.wire import Wire, log
 from edgefl.units import format_bytes
 
 _TOPIC_ROOM = 1024        # bytes of a chunk packet that are not payload (topic, header), device ids included
+_FLUSH_S = 60             # seconds a group publication waits for the broker to take a window of chunks
+
+
+@dataclass
+class _Publication:
+    manifest: ChunkManifest
+    round: int                   # the last round it was offered in
 
 
 @dataclass
@@ -44,27 +59,42 @@ class ArtifactServer:
         self._lock = threading.RLock()
         self._data: dict[str, Data] = {}
         self._offers: dict[str, set[str]] = {}                 # device -> artifact ids it may fetch
+        self._holders: dict[str, int] = {}                     # artifact id -> devices it is offered to
         self._slots: dict[tuple[str, str], str] = {}           # (device, slot) -> the artifact in it
         self._manifests: dict[tuple[str, int], ChunkManifest] = {}
         self._described: dict[tuple, ChunkManifest] = {}       # (path, size, mtime) -> manifest
         self._transfers: dict[tuple[str, str], _Transfer] = {}
+        self._published: dict[tuple[str, str], _Publication] = {}   # (group, id) -> retained on the broker
+        self._left: dict[tuple[str, str], int] = {}                 # (group, id) -> chunks: a previous run's
+        self._told: set[str] = set()                                # devices that asked for a group's artifact
+        self.group_chunks_published = 0
 
-    def offer(self, device: str, data: Data, slot: Optional[str] = None) -> str:
+    def offer(self, device: str, data: Data, slot: Optional[str] = None, group: Optional[str] = None,
+              round: int = 0, described: Optional[ChunkManifest] = None) -> str:
         """Let `device` fetch `data` (a file or bytes); returns its id. An offer in a `slot` replaces the
-        device's previous one there (e.g. the weights of the previous round)."""
-        manifest = self._describe(data)
+        device's previous one there (e.g. the weights of the previous round). With a `group`, the data is
+        also published on the group's topics (once: an offer of what is there only notes the `round`).
+        `described`: `describe(data)`, when the caller has it."""
+        manifest = described if described is not None and described.chunk_size == self.chunk_size \
+            else self.describe(data)
         with self._lock:
             self._data[manifest.id] = data
             self._manifests[(manifest.id, manifest.chunk_size)] = manifest
-            self._offers.setdefault(device, set()).add(manifest.id)
+            offered = self._offers.setdefault(device, set())
+            if manifest.id not in offered:
+                offered.add(manifest.id)
+                self._holders[manifest.id] = self._holders.get(manifest.id, 0) + 1
             if slot is not None:
                 old = self._slots.get((device, slot))
                 self._slots[(device, slot)] = manifest.id
                 if old is not None and old != manifest.id:
                     self._withdraw(device, old)
+        if group is not None:
+            self._publish(group, manifest, data, round)
         return manifest.id
 
-    def _describe(self, data: Data) -> ChunkManifest:
+    def describe(self, data: Data) -> ChunkManifest:
+        """The chunk manifest of `data` in this server's chunks (a file's is kept while it is unchanged)."""
         if not isinstance(data, Path):
             return describe(data, self.chunk_size)
         try:
@@ -77,11 +107,73 @@ class ArtifactServer:
         return self._described[key]
 
     def _withdraw(self, device: str, artifact: str) -> None:
-        self._offers.get(device, set()).discard(artifact)
+        offered = self._offers.get(device, set())
         self._transfers.pop((device, artifact), None)
-        if not any(artifact in offered for offered in self._offers.values()):
+        if artifact not in offered:
+            return
+        offered.discard(artifact)
+        self._holders[artifact] -= 1
+        if not self._holders[artifact]:      # offered to nobody now
+            del self._holders[artifact]
             self._data.pop(artifact, None)
             self._manifests = {k: m for k, m in self._manifests.items() if k[0] != artifact}
+
+    # ------------------------------------------------------------------------- group publications
+    def _publish(self, group: str, manifest: ChunkManifest, data: Data, round: int) -> None:
+        key = (group, manifest.id)
+        with self._lock:
+            if (pub := self._published.get(key)) is not None:
+                pub.round = max(pub.round, round)
+                return
+            self._published[key] = _Publication(manifest, round)
+            self._left.pop(key, None)
+        # not under the lock: a flush waits for acknowledgements that the receive thread may be holding up
+        for seq in range(manifest.count):
+            try:
+                payload = read_range(data, *manifest.bounds(seq))
+            except OSError as exc:
+                with self._lock:
+                    self._published.pop(key, None)
+                raise ArtifactError(f"artifact {manifest.id[:12]}: cannot read it to publish it for group {group} "
+                                    f"({exc.strerror or exc})") from None
+            self.wire.publish(topics.group_chunk(group, manifest.id, seq), payload, retain=True)
+            self.group_chunks_published += 1
+            if (seq + 1) % self.window == 0 and not self.wire.flush(_FLUSH_S):
+                log.warning("group %s: the broker has not acknowledged artifact %s's chunks within %d s", group,
+                            manifest.id[:12], _FLUSH_S)
+        self.wire.publish(topics.group_manifest(group, manifest.id), envelopes.dumps(manifest.to_json()), retain=True)
+
+    def published(self, group: str, artifact: str) -> bool:
+        with self._lock:
+            return (group, artifact) in self._published
+
+    def found(self, group: str, artifact: str, payload: bytes) -> None:
+        """A retained group manifest on the broker (the coordinator reads them when it connects): one this
+        run did not publish is a previous run's, cleared by the next `retire`."""
+        if not payload:
+            return                       # a cleared one
+        try:
+            count = len(envelopes.loads(payload, "group manifest")["chunks"])
+        except (TransportError, KeyError, TypeError):
+            count = 0
+        with self._lock:
+            if (group, artifact) not in self._published:
+                self._left[(group, artifact)] = count
+
+    def retire(self, before_round: float, only: Optional[tuple[str, str]] = None) -> int:
+        """Clear the group publications last offered before `before_round` and those a previous run left
+        (`only`: just that (group, id), whenever it was offered); returns how many."""
+        with self._lock:
+            old = [k for k, p in self._published.items() if (p.round < before_round if only is None else k == only)]
+            gone = {k: self._published.pop(k).manifest.count for k in old}
+            if only is None:
+                gone.update(self._left)
+                self._left.clear()
+        for (group, artifact), count in gone.items():
+            self.wire.publish(topics.group_manifest(group, artifact), b"", retain=True)   # the manifest first
+            for seq in range(count):
+                self.wire.publish(topics.group_chunk(group, artifact, seq), b"", retain=True)
+        return len(gone)
 
     def offered(self, device: str, artifact: str) -> bool:
         with self._lock:
@@ -121,6 +213,11 @@ class ArtifactServer:
             self.wire.publish(topics.artifact_manifest(device, artifact), envelopes.refusal(
                 artifact, "not offered to this device (not part of its current round)"))
             return
+        if missing is None and device not in self._told and any(a == artifact for _, a in self._published):
+            self._told.add(device)       # it asks for the whole of what its group's topics hold
+            log.warning("%s fetches its group's artifacts from the coordinator, one device at a time: the broker "
+                        "may not let it read its group's topics (regenerate the ACL with 'edgefl broker config "
+                        "--devices FLEET' and reload the broker), or its edgefl predates them", device)
         size = chunk_size if isinstance(chunk_size, int) and chunk_size > 0 else self.chunk_size
         manifest = self._manifests.get((artifact, size))
         if manifest is None:

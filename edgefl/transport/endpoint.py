@@ -2,9 +2,20 @@
 
 Down: each instruction goes to `down/instr` with the weights it needs as an artifact of their flat
 float32 buffer (offered to that device only, replacing its previous round's), plus the ids of other
-artifacts shipped to it (`ship`). Up: a report is its chunked tensor buffer and a meta message, put
-together here and checked (sha256, size, tensor order) before `collect` hands it out; the bytes it took
-are measured here (payload and MQTT framing) and set on the report. Presence: retained `presence/<id>`
+artifacts shipped to it (`ship`). Devices whose groups are known (`share_by_group`) get what their group
+shares from the group's retained topics instead (`ArtifactServer`: published once per group, however many
+devices fetch it); the instruction names those artifacts (`Assignment.shared`). What a group shares is
+decided by content, per name: the weights, and each file of an artifact set by its name in the set. Under a
+name, a round's first device of the group gets its bytes through the group; as long as the group's next
+devices get the same bytes they do too, and once one gets other bytes (Federated Dropout's random slices,
+a TOA-shrunk prefix) the rest of the round gets theirs on their own topics, as does the next round if this
+one differed. What is published for a group stays retained until the group gets something else under its
+name (the next round's weights), or else until the round after the last one it was offered in has closed;
+the coordinator clears it then, and when it closes (a previous run's: at the end of its first round).
+
+Up: a report is its chunked tensor buffer and a meta message, put together here and checked (sha256,
+size, tensor order) before `collect` hands it out; the bytes it took are measured here (payload and MQTT
+framing) and set on the report. Presence: retained `presence/<id>`
 messages (a device's announcement, or its last will) tell who is online with which profile. A device whose
 presence goes offline while this end waits for its report is dropped from the round at once: the round
 closes as soon as every other device has answered, and the device's answer is a failed report whose reason
@@ -41,7 +52,7 @@ from edgefl.transport.activity import Activity
 from edgefl.transport.artifact_server import ArtifactServer
 from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
 from edgefl.transport.envelopes import Assignment, TensorBlob
-from edgefl.transport.tensors import order_from_json, pack, unpack
+from edgefl.transport.tensors import PackedTensors, pack, shared_order
 from edgefl.transport.wire import Traffic, Wire, log
 from edgefl.units import format_bytes
 
@@ -56,6 +67,15 @@ class _Sent:
     upload_bytes: Optional[int]     # the most tensor bytes its upload may hold (None: no limit)
     config_hash: str
     at: float                       # time.monotonic() it was sent
+
+
+@dataclass
+class _Route:
+    """What a group's devices got under one name in a round."""
+    round: int
+    first: str                   # the artifact the round's first device got
+    shared: bool                 # the round's devices get it through the group's topics
+    alike: bool = True           # every device so far got `first`
 
 
 @dataclass
@@ -82,6 +102,10 @@ class WireTransport(Transport):
         self._presence: dict[str, dict] = {}
         self._probes: set[str] = set()                            # probe ids that came back
         self.activity = Activity()
+        self._group_of: dict[str, str] = {}                       # device -> group (share_by_group)
+        self._routes: dict[tuple[str, str], _Route] = {}          # (group, name) -> what its devices get
+        self._shared: dict[str, dict[str, str]] = {}              # device -> artifact -> group, until its send
+        self._named: dict[tuple[str, str], str] = {}              # (group, name) -> what the group gets now
         wire.on_message(self._on_message)
         wire.subscribe(topics.COORDINATOR_FILTERS)
 
@@ -100,23 +124,60 @@ class WireTransport(Transport):
             self._probes.discard(probe)
 
     # ------------------------------------------------------------------------------ down
-    def ship(self, device_id: str, data: str | Path | bytes) -> str:
+    def share_by_group(self, group_of: Mapping[str, str]) -> None:
+        """Device -> its group (as the fleet file and the broker's ACL have them): what a group's devices get
+        alike travels once per group, on the group's topics."""
+        self._group_of = {topics.check_device_id(d): topics.check_group(g) for d, g in group_of.items()}
+
+    def ship(self, device_id: str, data: str | Path | bytes, name: Optional[str] = None) -> str:
         """Offer an artifact (a file or bytes) to a device; returns its id (sha256) for `send(artifacts=...)`.
-        The device fetches it only if its cache lacks it."""
-        return self.artifacts.offer(topics.check_device_id(device_id), Path(data) if isinstance(data, str) else data)
+        The device fetches it only if its cache lacks it. `name`: what it is among what the device gets each
+        round (a file's name in its set): for a device in a group, the group may share it under that name."""
+        device = topics.check_device_id(device_id)
+        data = Path(data) if isinstance(data, str) else data
+        described = self.artifacts.describe(data)
+        group = self._route(device, name, described.id) if name is not None else None
+        artifact = self.artifacts.offer(device, data, group=group, round=self._closed_round + 1, described=described)
+        if group is not None:
+            self._shared.setdefault(device, {})[artifact] = group
+            self._replace(group, name, artifact)
+        return artifact
 
     def ship_artifact(self, device_id: str, folder: str | Path) -> str:
         """Offer an exported artifact folder: manifest.json, every file it names and, for a suffix, its prefix
         (in `prefix/`). Returns the manifest file's id; the device rebuilds the folder with
         `DeviceLink.fetch_artifact`, fetching only files its cache lacks (a frozen prefix once)."""
-        folder = Path(folder)
+        return self._ship_set(device_id, Path(folder), "")
+
+    def _ship_set(self, device_id: str, folder: Path, under: str) -> str:
         manifest = Manifest.read(folder, verify=False)
         for f in manifest.files:
-            if self.ship(device_id, folder / f.name) != f.sha256:   # hashing it to ship it checks it too
+            if self.ship(device_id, folder / f.name, under + f.name) != f.sha256:   # hashing it to ship it checks it
                 raise ArtifactError(f"{folder / f.name}: sha256 does not match {folder / MANIFEST}; re-export")
-        if manifest.prefix_id is not None and self.ship_artifact(device_id, folder / PREFIX_DIR) != manifest.prefix_id:
+        prefix = manifest.prefix_id and self._ship_set(device_id, folder / PREFIX_DIR, f"{under}{PREFIX_DIR}/")
+        if prefix != manifest.prefix_id:
             raise ArtifactError(f"{folder / PREFIX_DIR / MANIFEST}: not the prefix {folder / MANIFEST} names; re-export")
-        return self.ship(device_id, folder / MANIFEST)
+        return self.ship(device_id, folder / MANIFEST, under + MANIFEST)
+
+    def _replace(self, group: str, name: str, artifact: str) -> None:
+        """`artifact` is what the group's devices now get under `name`: what they got before under that name
+        (an earlier round's weights) is cleared from the broker at once, unless another name still has it."""
+        old, self._named[(group, name)] = self._named.get((group, name)), artifact
+        if old is not None and old != artifact and (group, old) not in {(g, a) for (g, _), a in self._named.items()}:
+            self.artifacts.retire(math.inf, only=(group, old))
+
+    def _route(self, device: str, name: str, artifact: str) -> Optional[str]:
+        """The group whose topics carry `artifact` to `device` under `name`, or None: its own topics."""
+        group = self._group_of.get(device)
+        if group is None:
+            return None
+        round, key = self._closed_round + 1, (group, name)
+        route = self._routes.get(key)
+        if route is None or route.round != round:   # a round starts shared unless the last one differed
+            route = self._routes[key] = _Route(round, artifact, shared=route is None or route.alike)
+        elif artifact != route.first:
+            route.alike = route.shared = False
+        return group if route.shared else None
 
     def send(self, instruction: RoundInstruction, weights: Mapping[str, Any],
              artifacts: Optional[Mapping[str, str]] = None) -> None:
@@ -124,17 +185,25 @@ class WireTransport(Transport):
         artifacts = dict(artifacts or {})
         if unshipped := [role for role, a in artifacts.items() if not self.artifacts.offered(device, a)]:
             raise ValueError(f"{device}: artifacts {unshipped} were not shipped to it; ship() them first")
+        shared = self._shared.pop(device, {})
         blob = None
         if weights:
             buffer, order = pack(weights)
-            blob = TensorBlob(self.artifacts.offer(device, buffer, slot="weights"), len(buffer), order)
+            described = self.artifacts.describe(buffer)
+            group = self._route(device, "weights", described.id)
+            blob = TensorBlob(self.artifacts.offer(device, buffer, slot="weights", group=group,
+                                                   round=self._closed_round + 1, described=described),
+                              len(buffer), order)
+            if group is not None:
+                shared[blob.artifact] = group
+                self._replace(group, "weights", blob.artifact)
         with self._cond:        # before the instruction is out: a fast device's answer must find it
             self._limits[(device, instruction.round)] = _Sent(instruction.option("upload_bytes"),
                                                               instruction.config_hash, time.monotonic())
             self._gone.pop((device, instruction.round), None)
             self._sent_round = max(self._sent_round, instruction.round)
         self.activity.sent(device, instruction.round)
-        self.wire.publish(topics.instruction(device), Assignment(instruction, blob, artifacts).dumps())
+        self.wire.publish(topics.instruction(device), Assignment(instruction, blob, artifacts, shared).dumps())
 
     # -------------------------------------------------------------------------------- up
     def collect(self, round: int, expected: Iterable[str], timeout_s: Optional[float],
@@ -183,6 +252,7 @@ class WireTransport(Transport):
             self._limits = {k: v for k, v in self._limits.items() if k[1] > round}
             self._gone = {k: v for k, v in self._gone.items() if k[1] > round}
             self._closed_round = max(self._closed_round, round)
+        self.artifacts.retire(before_round=round)   # what this round no longer offered; kept: what it did
         return [reports[d] for d in sorted(reports)] + further
 
     def reports_in(self, round: int) -> int:
@@ -215,6 +285,12 @@ class WireTransport(Transport):
         return self.online()
 
     def close(self) -> None:
+        """Clear what this run published for groups, then disconnect."""
+        if self.wire.connected:
+            try:
+                self.artifacts.retire(before_round=math.inf)
+            except TransportError as exc:
+                log.warning("retained group artifacts left on the broker: %s", exc)
         self.wire.close()
 
     # --------------------------------------------------------------------- receive thread
@@ -224,6 +300,8 @@ class WireTransport(Transport):
             return
         if t.kind == "ack":
             self.activity.acknowledged(t.device, self.artifacts.handle(t.device, payload))
+        elif t.kind == "manifest" and t.group is not None:
+            self.artifacts.found(t.group, t.sha, payload)
         elif t.kind == "presence":
             self._on_presence(t.device, payload)
         elif t.kind in ("result_meta", "result_chunk"):
@@ -237,10 +315,13 @@ class WireTransport(Transport):
 
     def _on_metrics(self, device: str, payload: bytes) -> None:
         try:
-            state = envelopes.loads(payload, f"{device}: metrics").get("state")
+            said = envelopes.loads(payload, f"{device}: metrics")
         except TransportError:
             return     # free form: not every device says what it is doing
-        if isinstance(state, str):
+        state, nbytes = said.get("state"), said.get("bytes")
+        if state == "downloading" and isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0:
+            self.activity.acknowledged(device, nbytes)      # a file it fetched from its group's topics
+        elif isinstance(state, str):
             self.activity.progress(device, state)
 
     def _on_presence(self, device: str, payload: bytes) -> None:
@@ -336,7 +417,7 @@ class WireTransport(Transport):
             if report.device_id != device or report.round != round:
                 raise ReportRejected(f"sent on {device}'s round-{round} topic but claims {report.device_id!r}, "
                                      f"round {report.round}")
-            report.tensors = unpack(buffer, order_from_json(info["order"]))
+            report.tensors = PackedTensors(buffer, shared_order(info["order"]))   # unpacked when taken
         except (ReportRejected, TransportError, KeyError, TypeError, ValueError) as exc:
             return DeviceReport(round=round, device_id=device, config_hash=_config_hash(up.meta),
                                 status="failed", reason=f"{UPLOAD_REJECTED}: {exc}",

@@ -1,7 +1,8 @@
 """The JSON messages of the protocol, defined once for both ends.
 
 down/instr    {"schema": INSTRUCTION, "instruction": RoundInstruction JSON, "weights": {"artifact", "bytes",
-              "order"} | null, "artifacts": {role: artifact id}}
+              "order"} | null, "artifacts": {role: artifact id}, "shared": {artifact id: group}}
+              (shared: files the device fetches from its group's retained topics, not its own down/)
 up/ack        {"want": id, "chunk_size": n | null, "missing": [seq] | null, "resend": bool}
               (missing null: send the manifest first; resend: what is in flight is lost, send it again)
               {"got": id, "seq": n}  /  {"bad": id, "seq": n}
@@ -19,9 +20,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from edgefl.errors import ReportRejected, TransportError
+from edgefl.errors import ConfigError, ReportRejected, TransportError
 from edgefl.manifest import TensorEntry
 from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.transport import topics
 from edgefl.transport.tensors import order_from_json, order_to_json
 
 INSTRUCTION = "edgefl.assignment/1"
@@ -64,14 +66,17 @@ class TensorBlob:
 @dataclass(frozen=True)
 class Assignment:
     """A round instruction as a device receives it: what to train, the weights to start from (an artifact
-    holding their flat buffer) and the other artifacts it needs, by role."""
+    holding their flat buffer), the other artifacts it needs, by role, and which artifacts (those files, or
+    files of those sets) its group shares: artifact id -> the group whose topics hold them."""
     instruction: RoundInstruction
     weights: Optional[TensorBlob] = None
     artifacts: Mapping[str, str] = field(default_factory=dict)
+    shared: Mapping[str, str] = field(default_factory=dict)
 
     def dumps(self) -> bytes:
         return dumps({"schema": INSTRUCTION, "instruction": self.instruction.to_json(),
-                      "weights": self.weights.to_json() if self.weights else None, "artifacts": dict(self.artifacts)})
+                      "weights": self.weights.to_json() if self.weights else None, "artifacts": dict(self.artifacts),
+                      **({"shared": dict(self.shared)} if self.shared else {})})
 
     @classmethod
     def loads(cls, payload: bytes) -> "Assignment":
@@ -81,8 +86,9 @@ class Assignment:
                                  "on this device to the coordinator's version")
         try:
             weights = TensorBlob.from_json(d["weights"]) if d.get("weights") else None
-            return cls(RoundInstruction.from_json(d["instruction"]), weights, dict(d.get("artifacts") or {}))
-        except (KeyError, TypeError, ValueError, ReportRejected) as exc:
+            shared = {str(a): topics.check_group(str(g)) for a, g in (d.get("shared") or {}).items()}
+            return cls(RoundInstruction.from_json(d["instruction"]), weights, dict(d.get("artifacts") or {}), shared)
+        except (KeyError, TypeError, ValueError, AttributeError, ReportRejected, ConfigError) as exc:
             raise TransportError(f"instruction: malformed ({type(exc).__name__}: {exc})") from None
 
 

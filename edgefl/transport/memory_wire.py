@@ -58,15 +58,20 @@ class MemoryHub:
             self._cond.notify_all()
 
     def subscribe(self, session: _Session, filters: Iterable[str]) -> None:
+        """As MQTT does: the retained messages a filter matches come on every subscribe, a repeated one too."""
         with self._cond:
-            new = [f for f in filters if f not in session.filters]
-            session.filters.update(new)
+            filters = list(filters)
+            session.filters.update(filters)
             for topic, payload in self._retained.items():
-                if any(matches(f, topic) for f in new):
+                if any(matches(f, topic) for f in filters):
                     session.pending.append((topic, payload))
             if session.pending and session.wire is not None:
                 session.wire._start()
             self._cond.notify_all()
+
+    def unsubscribe(self, session: _Session, filters: Iterable[str]) -> None:
+        with self._cond:
+            session.filters.difference_update(filters)
 
     def disconnect(self, wire: "MemoryWire", lost: bool) -> None:
         with self._cond:
@@ -114,6 +119,9 @@ class MemoryWire(Wire):
 
     def subscribe(self, filters: Iterable[str]) -> None:
         self.hub.subscribe(self._session, filters)
+
+    def unsubscribe(self, filters: Iterable[str]) -> None:
+        self.hub.unsubscribe(self._session, filters)
 
     def flush(self, timeout_s: float) -> bool:
         return True   # a publish is in the receivers' queues when it returns

@@ -4,7 +4,9 @@ The order travels with the buffer as [{name, shape, dtype}], so a receiver needs
 it and every tensor comes back in its own dtype (counters are exact in float32 below 2**24)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+import functools
+import json
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -59,3 +61,44 @@ def order_from_json(items: list) -> tuple[TensorEntry, ...]:
     if bad := [e.name for e in order if e.dtype not in DTYPES or any(n < 0 for n in e.shape)]:
         raise ReportRejected(f"tensor order: bad dtype or shape for {bad[:3]}")
     return order
+
+
+def shared_order(items: list) -> tuple[TensorEntry, ...]:
+    """`order_from_json`, one tuple for every upload that states the same order (a group's devices all do):
+    the tensor names of reports waiting to be taken are held once, not once per report."""
+    return _order_of(json.dumps(items, separators=(",", ":")))
+
+
+@functools.lru_cache(maxsize=256)
+def _order_of(text: str) -> tuple[TensorEntry, ...]:
+    return order_from_json(json.loads(text))
+
+
+class PackedTensors(Mapping):
+    """A report's tensors as they arrived, one flat float32 buffer and its order, unpacked on first use: a
+    report that waits to be taken holds its upload's bytes, not an array per tensor. Names and sizes are
+    checked here, so unpacking cannot fail later."""
+
+    def __init__(self, buffer: bytes, order: Sequence[TensorEntry]):
+        values = sum(e.numel for e in order)
+        if len(buffer) != 4 * values:
+            raise ReportRejected(f"the tensor buffer holds {len(buffer)} bytes, its order names {values} values")
+        if len({e.name for e in order}) != len(order):
+            raise ReportRejected("the tensor order names a tensor twice")
+        self._buffer: Optional[bytes] = buffer
+        self._order = tuple(order)
+        self._tensors: Optional[dict[str, np.ndarray]] = None
+
+    def _unpacked(self) -> dict[str, np.ndarray]:
+        if self._tensors is None:
+            self._tensors, self._buffer = unpack(self._buffer, self._order), None
+        return self._tensors
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._unpacked()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return (e.name for e in self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)

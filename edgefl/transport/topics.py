@@ -11,9 +11,13 @@
                                                      ACL lets it write there (and, for the coordinator, read)
     fl/v1/broadcast/round                            small retained pointer to the current round
     fl/v1/presence/<device>                          retained {"online": ...}; the device's last will
+    fl/v1/group/<group>/art/<sha>/manifest           retained chunk manifest of an artifact every device of the
+                                                     group gets alike (published once per group, not per device)
+    fl/v1/group/<group>/art/<sha>/c/<seq>            retained chunk of it (published before its manifest)
 
-A device writes only under its own `up/` and its presence topic and reads only its own `down/` and
-`broadcast/`, so a broker ACL per device login is enough to keep devices apart.
+A device writes only under its own `up/` and its presence topic and reads only its own `down/`,
+`broadcast/` and its own group's `group/<group>/`, so a broker ACL per device login is enough to keep
+devices (and groups) apart; only the coordinator writes under `group/`.
 """
 from __future__ import annotations
 
@@ -25,18 +29,27 @@ from edgefl.errors import ConfigError
 
 ROOT = "fl/v1"
 BROADCAST_ROUND = f"{ROOT}/broadcast/round"
-COORDINATOR_FILTERS = (f"{ROOT}/dev/+/up/#", f"{ROOT}/presence/+")
+GROUP_MANIFESTS = f"{ROOT}/group/+/art/+/manifest"   # the coordinator finds retained ones a previous run left
+COORDINATOR_FILTERS = (f"{ROOT}/dev/+/up/#", f"{ROOT}/presence/+", GROUP_MANIFESTS)
 _SHA = re.compile(r"[0-9a-f]{64}")
+
+
+def _one_level(name: str, what: str, fix: str) -> str:
+    bad = next((c for c in name if c in "/+#$" or c.isspace() or not c.isprintable()), None)
+    if not name or bad:
+        why = f"contains {bad!r}" if bad else "is empty"
+        raise ConfigError(f"{what} {name!r} {why}; MQTT topics cannot hold it: {fix}")
+    return name
 
 
 def check_device_id(device_id: str) -> str:
     """A device id is one topic level (and the device's MQTT client id)."""
-    bad = next((c for c in device_id if c in "/+#$" or c.isspace() or not c.isprintable()), None)
-    if not device_id or bad:
-        what = f"contains {bad!r}" if bad else "is empty"
-        raise ConfigError(f"device id {device_id!r} {what}; MQTT topics cannot hold it: use letters, digits, "
-                          "'-', '_' and '.'")
-    return device_id
+    return _one_level(device_id, "device id", "use letters, digits, '-', '_' and '.'")
+
+
+def check_group(group: str) -> str:
+    """A group name is one topic level (fl/v1/group/<group>/...)."""
+    return _one_level(group, "group name", "rename the group in the fleet file using letters, digits, '-', '_' and '.'")
 
 
 def is_sha256(text: str) -> bool:
@@ -83,6 +96,24 @@ def presence(device: str) -> str:
     return f"{ROOT}/presence/{device}"
 
 
+def _group(group: str, sha: str) -> str:
+    return f"{ROOT}/group/{group}/art/{sha}"
+
+
+def group_manifest(group: str, sha: str) -> str:
+    return f"{_group(group, sha)}/manifest"
+
+
+def group_chunk(group: str, sha: str, seq: int) -> str:
+    return f"{_group(group, sha)}/c/{seq}"
+
+
+def group_chunks(group: str, sha: str) -> str:
+    """The filter for every chunk of a group's artifact."""
+    return f"{_group(group, sha)}/c/+"
+
+
+
 def device_filters(device: str) -> tuple[str, ...]:
     """What a device subscribes to: its own down/ and the broadcast topics."""
     return f"{_dev(device)}/down/#", f"{ROOT}/broadcast/#"
@@ -91,12 +122,13 @@ def device_filters(device: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Topic:
     """A parsed v1 topic. kind: instr | manifest | chunk | ack | result_meta | result_chunk | metrics | hello |
-    presence | broadcast."""
+    presence | broadcast; a group's manifest or chunk has `group` set and no `device`."""
     kind: str
     device: Optional[str] = None
     sha: Optional[str] = None
     seq: Optional[int] = None
     round: Optional[int] = None
+    group: Optional[str] = None
 
 
 def parse(topic: str) -> Optional[Topic]:
@@ -110,6 +142,12 @@ def parse(topic: str) -> Optional[Topic]:
             return Topic("presence", device=rest[1])
         if rest[:1] == ["broadcast"]:
             return Topic("broadcast")
+        if rest[:1] == ["group"] and len(rest) >= 5 and rest[2] == "art" and is_sha256(rest[3]):
+            if rest[4:] == ["manifest"]:
+                return Topic("manifest", sha=rest[3], group=rest[1])
+            if rest[4] == "c" and len(rest) == 6:
+                return Topic("chunk", sha=rest[3], seq=int(rest[5]), group=rest[1])
+            return None
         if rest[:1] != ["dev"] or len(rest) < 4:
             return None
         device, path = rest[1], rest[2:]

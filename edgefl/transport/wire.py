@@ -146,6 +146,10 @@ class Wire(ABC):
         """Subscribe (QoS 1) and wait until the broker has granted it."""
 
     @abstractmethod
+    def unsubscribe(self, filters: Iterable[str]) -> None:
+        """Stop receiving what `filters` (subscribed before) match; the broker's answer is not waited for."""
+
+    @abstractmethod
     def flush(self, timeout_s: float) -> bool:
         """Wait until the broker has acknowledged everything published so far; False on timeout."""
 

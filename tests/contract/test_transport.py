@@ -4,6 +4,7 @@ test) pass the same tests, device side (`DeviceLink`) and coordinator side (`Wir
 Both brokers hold packets to LIMIT bytes and artifacts travel in CHUNK-byte chunks, so multi-chunk
 artifacts and reports stay small and the packet limit is reachable."""
 import hashlib
+import math
 import os
 import time
 
@@ -37,10 +38,13 @@ class MemoryHarness:
     def link(self, device, cache):
         return DeviceLink(self.server.connect(device), device, cache, stall_s=STALL_S)
 
-    def inject(self, topic, payload):
+    def inject(self, topic, payload, retain=False):
         wire = self.server.hub.connect("intruder")
-        wire.publish(topic, payload)
+        wire.publish(topic, payload, retain)
         wire.close()
+
+    def observer(self):
+        return self.server.hub.connect("observer", persistent=False)
 
     def close(self):
         self.server.close()
@@ -54,11 +58,14 @@ class MqttHarness:
     def link(self, device, cache):
         return MqttLink(self.broker.url, device, None, cache, stall_s=STALL_S)
 
-    def inject(self, topic, payload):
+    def inject(self, topic, payload, retain=False):
         wire = MqttWire(self.broker.url, "intruder")
-        wire.publish(topic, payload)
+        wire.publish(topic, payload, retain)
         assert wire.flush(5)
         wire.close()
+
+    def observer(self):
+        return MqttWire(self.broker.url, "observer", session_expiry_s=0)
 
     def close(self):
         self.server.close()
@@ -309,3 +316,147 @@ def test_presence_is_announced_and_the_last_will_marks_a_lost_device_offline(har
     assert harness.server.wait_online(["d1"], timeout_s=5) == {"d1": {"ram_bytes": 512 << 20, "runtime": "ort"}}
     link.abort()
     wait_until(lambda: "d1" not in harness.server.online())
+
+
+# --------------------------------------------------------------------------------------- group sharing
+def artifact_bytes(traffic_topics, kind):
+    """Payload bytes of artifact messages (manifests and chunks) among (topic, bytes) pairs, by where they went."""
+    return sum(n for t, n in traffic_topics if (p := topics.parse(t)) and p.kind in ("manifest", "chunk")
+               and (p.group is not None) == (kind == "group"))
+
+
+def record_sent(wire):
+    """Every (topic, payload bytes) `wire` publishes from now on."""
+    sent, publish = [], wire.publish
+
+    def counting(topic, payload, retain=False):
+        publish(topic, payload, retain)
+        sent.append((topic, len(payload)))
+    wire.publish = counting
+    return sent
+
+
+def retained_under(harness, topic_filter, settle_s=1.0):
+    """The retained messages a new subscriber to `topic_filter` gets: {topic: payload}."""
+    got = {}
+    wire = harness.observer()
+    wire.on_message(lambda topic, payload, _: got.__setitem__(topic, payload) if payload else got.pop(topic, None))
+    wire.subscribe([topic_filter])
+    time.sleep(settle_s)
+    wire.close()
+    return got
+
+
+def test_what_a_group_shares_is_published_once_per_group_and_fetched_from_there(harness):
+    harness.server.share_by_group({"a1": "A", "a2": "A", "b1": "B"})
+    links = [harness.link(d) for d in ("a1", "a2", "b1")]
+    w = {"big": np.random.default_rng(1).standard_normal(5 * CHUNK // 4).astype(np.float32)}   # 5 chunks
+    sent = record_sent(harness.server.wire)
+    for link in links:
+        harness.server.send(instruction(link.device_id), w)
+    for link in links:
+        job = link.next_instruction(timeout_s=5)
+        assert job.shared == {job.weights.artifact: "B" if link.device_id == "b1" else "A"}
+        assert np.array_equal(link.weights(job, timeout_s=10)["big"], w["big"])
+        assert link.stats.wants == 0 and link.stats.chunks_accepted == 5     # nothing asked of the coordinator
+    assert artifact_bytes(sent, "device") == 0 and harness.server.artifacts.chunks_sent == 0
+    size = 4 * w["big"].size
+    assert 2 * size < artifact_bytes(sent, "group") < 2 * size + 2048           # once per group: two groups
+    assert harness.server.artifacts.group_chunks_published == 2 * 5
+    # no acknowledgements, yet the live view sees each device download: it says so when it has the file
+    wait_until(lambda: all(a["bytes"] == size and a["state"] == "downloading"
+                           for a in harness.server.activity.snapshot()["devices"].values()))
+
+
+def test_a_device_resumes_a_group_fetch_from_the_retained_copy(harness, tmp_path):
+    harness.server.share_by_group({"d1": "A"})
+    data = blob(12)
+    first = harness.link()
+    artifact = harness.server.ship("d1", data, name="program")
+    harness.server.send(instruction(), {})
+    assert first.next_instruction(timeout_s=5).shared == {artifact: "A"}
+
+    def cut(held, total):
+        if held == 4:
+            first.abort()
+    with pytest.raises(TransportError, match="resumes"):
+        first.fetch(artifact, timeout_s=10, progress=cut)
+    held = len(ArtifactCache(tmp_path / "cache-d1").partial(artifact).held)
+    assert 4 <= held < 12
+
+    second = harness.link()
+    harness.server.ship("d1", data, name="program")     # the next instruction names it again
+    harness.server.send(instruction(round=2), {})
+    assert second.next_instruction(timeout_s=5).shared == {artifact: "A"}
+    assert second.fetch(artifact, timeout_s=10).read_bytes() == data
+    assert second.stats.chunks_accepted == 12 - held and second.stats.wants == 0
+    assert harness.server.artifacts.chunks_sent == 0 and harness.server.artifacts.group_chunks_published == 12
+
+
+def test_a_corrupt_or_missing_group_chunk_is_sent_by_the_coordinator(harness):
+    harness.server.share_by_group({"d1": "A"})
+    data = blob(6)
+    link = harness.link()
+    artifact = harness.server.ship("d1", data, name="program")
+    harness.server.send(instruction(), {})
+    link.next_instruction(timeout_s=5)
+    harness.inject(topics.group_chunk("A", artifact, 2), os.urandom(CHUNK), retain=True)   # replaced on the broker
+    assert link.fetch(artifact, timeout_s=15).read_bytes() == data
+    assert link.stats.corrupt_chunks == 1 and link.stats.chunks_accepted == 6
+    assert harness.server.artifacts.chunks_sent == 1                # only that one, on the device's own topic
+
+
+def test_a_group_whose_topics_hold_nothing_falls_back_to_the_coordinator(harness):
+    harness.server.share_by_group({"d1": "A"})
+    data = blob(3)
+    link = harness.link()
+    artifact = harness.server.ship("d1", data, name="program")
+    harness.server.send(instruction(), {})
+    link.next_instruction(timeout_s=5)
+    harness.server.artifacts.retire(before_round=math.inf)     # as a broker that lost them, or an ACL without them
+    t0 = time.monotonic()
+    assert link.fetch(artifact, timeout_s=15).read_bytes() == data
+    assert 3 * STALL_S <= time.monotonic() - t0 < 3 * STALL_S + 5     # the group wait: 3 x stall_s
+    assert harness.server.artifacts.chunks_sent == 3
+
+
+def test_what_differs_within_a_group_travels_per_device(harness, tmp_path):
+    """Federated Dropout's random slices: a set whose suffix differs per device and whose prefix does not."""
+    harness.server.share_by_group({"a1": "A", "a2": "A"})
+    a1, a2 = harness.link("a1"), harness.link("a2")
+    prefix = os.urandom(2 * CHUNK)
+    sets = {d: exported(tmp_path / d, os.urandom(CHUNK), prefix) for d in ("a1", "a2")}
+    for link in (a1, a2):
+        harness.server.send(instruction(link.device_id), {"w": np.full(3, int(link.device_id[1]), np.float32)},
+                            artifacts={"set": harness.server.ship_artifact(link.device_id, tmp_path / link.device_id)})
+    jobs = {link.device_id: link.next_instruction(timeout_s=5) for link in (a1, a2)}
+    prefix_ids = {ArtifactSet.open(tmp_path / "a1").prefix.id, hashlib.sha256(prefix).hexdigest()}
+    assert set(jobs["a1"].shared) > prefix_ids                 # the first device: all through the group
+    assert set(jobs["a2"].shared) == prefix_ids                # then only what is the same for both
+    for link in (a1, a2):
+        ArtifactSet.open(link.fetch_artifact(sets[link.device_id], timeout_s=10))
+        link.weights(jobs[link.device_id], timeout_s=10)
+    assert harness.server.artifacts.chunks_sent == 3           # a2's own suffix, manifest and weights, to a2 only
+    harness.server.collect(1, ["a1", "a2"], timeout_s=0.1)
+
+    harness.server.send(instruction("a1", round=2), {"w": np.zeros(3, np.float32)})
+    assert a1.next_instruction(timeout_s=5).shared == {}      # the weights differed in round 1: per device now
+
+
+def test_what_a_round_no_longer_offers_is_cleared_from_the_broker(harness):
+    harness.server.share_by_group({"d1": "A"})
+    link = harness.link()
+    old, new = (harness.server.ship("d1", blob(2), name=name) for name in ("old", "new"))   # round 1 ships both
+    harness.server.send(instruction(), {})
+    harness.server.collect(1, ["d1"], timeout_s=0.1)
+    assert set(retained_under(harness, "fl/v1/group/A/#")) == {
+        topics.group_manifest("A", a) for a in (old, new)} | {topics.group_chunk("A", a, s) for a in (old, new)
+                                                                for s in (0, 1)}
+    harness.server.ship("d1", link.fetch(new, timeout_s=10).read_bytes(), name="new")   # round 2: only new
+    harness.server.send(instruction(round=2), {})
+    harness.server.collect(2, ["d1"], timeout_s=0.1)
+    assert {topics.parse(t).sha for t in retained_under(harness, "fl/v1/group/A/#")} == {new}
+    newer = harness.server.ship("d1", blob(1), name="new")               # round 3: the next version of it
+    assert {topics.parse(t).sha for t in retained_under(harness, "fl/v1/group/A/#")} == {newer}   # at once
+    harness.server.close()
+    assert retained_under(harness, "fl/v1/group/#") == {}

@@ -4,7 +4,9 @@ message would have arrived had it been allowed), wrong logins are refused, and w
 holding the generated CA get in."""
 from __future__ import annotations
 
+import shutil
 import ssl
+import subprocess
 
 import pytest
 
@@ -206,4 +208,99 @@ def test_the_transport_runs_over_the_generated_tls_deployment(tls_broker, tmp_pa
         assert np.array_equal(report.tensors["layer.weight"], weights["layer.weight"] * 2)
     finally:
         link.close()
+        coordinator.close()
+
+
+# ------------------------------------------------------------------------ groups' shared topics
+GROUPS = {"lab": [A, B], "field": ["dev-c"]}
+
+
+@pytest.fixture(scope="module")
+def group_broker(tmp_path_factory):
+    """A deployment of a two-group fleet: the ACL gives each device its own group's shared topics."""
+    root = tmp_path_factory.mktemp("groups")
+    fleet = root / "fleet.yaml"
+    fleet.write_text("fleet:\n  name: two\n  groups:\n" + "".join(
+        f"    {g}: {{ids: [{', '.join(ids)}], memory_budget: 512MiB}}\n" for g, ids in GROUPS.items()))
+    port, out = free_port(), root / "deploy"
+    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--port", port, "--bind", "127.0.0.1")
+    assert r.returncode == 0, r.stderr
+    with running([mosquitto_path(), "-c", "mosquitto.conf"], out, port):
+        yield out, port
+
+
+def mosquitto_sub(out, port, user, topic, count=1):
+    """A third-party client (Debian's mosquitto_sub) with `user`'s login: what it prints in 3 s, and its exit status."""
+    r = subprocess.run([shutil.which("mosquitto_sub") or "/usr/bin/mosquitto_sub", "-h", "127.0.0.1", "-p", str(port),
+                        "-u", user, "-P", credentials(out, user)["password"], "-t", topic, "-v", "-C", str(count),
+                        "-W", "3"], capture_output=True, text=True, timeout=20)
+    return r.returncode, r.stdout
+
+
+def test_a_device_reads_its_own_groups_shared_topics_and_no_other_groups(group_broker):
+    out, port = group_broker
+    sha = "e" * 64
+    coordinator = Client(port, "coordinator", credentials(out, "coordinator")["password"])
+    assert not coordinator.connect().is_failure
+    try:
+        for group in GROUPS:       # retained, as the coordinator publishes a group's artifacts
+            coordinator.c.publish(f"fl/v1/group/{group}/art/{sha}/manifest", f"{group}'s set".encode(), qos=1,
+                                  retain=True).wait_for_publish(5)
+        rc, printed = mosquitto_sub(out, port, A, f"fl/v1/group/lab/art/{sha}/manifest")
+        assert rc == 0 and printed.strip() == f"fl/v1/group/lab/art/{sha}/manifest lab's set"
+        rc, printed = mosquitto_sub(out, port, A, f"fl/v1/group/field/art/{sha}/manifest")
+        assert rc != 0 and printed == ""                       # granted, then filtered: nothing comes
+        rc, printed = mosquitto_sub(out, port, A, "fl/v1/group/#", count=2)
+        assert rc != 0 and printed.strip() == f"fl/v1/group/lab/art/{sha}/manifest lab's set"   # only its own
+        rc, printed = mosquitto_sub(out, port, "dev-c", "fl/v1/group/#", count=2)
+        assert printed.strip() == f"fl/v1/group/field/art/{sha}/manifest field's set"
+    finally:
+        coordinator.close()
+
+
+def test_a_device_cannot_write_its_groups_shared_topics(group_broker):
+    out, port = group_broker
+    topic = f"fl/v1/group/lab/art/{'f' * 64}/c/0"
+    a, coordinator = (Client(port, u, credentials(out, u)["password"]) for u in (A, "coordinator"))
+    assert not a.connect().is_failure and not coordinator.connect().is_failure
+    try:
+        a.c.publish(topic, b"forged chunk", qos=1, retain=True).wait_for_publish(5)
+        coordinator.c.publish(topic + "1", b"the control", qos=1, retain=True).wait_for_publish(5)
+        rc, printed = mosquitto_sub(out, port, B, f"fl/v1/group/lab/art/{'f' * 64}/c/+", count=2)
+        assert printed.strip() == f"{topic}1 the control"     # B, of the same group, never sees A's forgery
+    finally:
+        a.close()
+        coordinator.close()
+
+
+def test_the_transport_shares_each_groups_weights_over_the_generated_acl(group_broker, tmp_path):
+    """The coordinator publishes a group's weights once on its topics; each device of the group fetches them
+    from there with its own login (no chunk is asked of the coordinator), a device of the other group from
+    its group's."""
+    import numpy as np
+
+    from edgefl.device_runtime.mqtt_link import MqttLink
+    from edgefl.messages import RoundInstruction
+    from edgefl.trainconfig import TrainConfig
+    from edgefl.transport.mqtt import MqttTransport
+
+    out, port = group_broker
+    url = f"mqtt://127.0.0.1:{port}"
+    coordinator = MqttTransport(url, out / "credentials" / "coordinator.json")
+    coordinator.share_by_group({d: g for g, ids in GROUPS.items() for d in ids})
+    links = [MqttLink(url, d, out / "credentials" / f"{d}.json", tmp_path / d) for d in (A, B, "dev-c")]
+    try:
+        weights = {"w": np.arange(3 * 2**18, dtype=np.float32)}      # 3 MiB: several chunks
+        before = coordinator.wire.sent.copy()
+        for link in links:
+            coordinator.send(RoundInstruction(round=1, device_id=link.device_id, config=TrainConfig(num_layers=2),
+                                              weights_version=0, seed=0, lr=0.1), weights)
+        for link in links:
+            assert np.array_equal(link.weights(link.next_instruction(10), 30)["w"], weights["w"])
+            assert link.stats.wants == 0                          # all of it from the group's topics
+        sent = coordinator.wire.sent.since(before).payload_bytes
+        assert 2 * weights["w"].nbytes < sent < 2.01 * weights["w"].nbytes   # once per group, not per device
+    finally:
+        for link in links:
+            link.close()
         coordinator.close()

@@ -29,3 +29,24 @@ def test_200_devices_5_rounds_lose_no_report(tmp_path):
     assert result["coordinator_peak_rss_bytes"] - result["coordinator_rss_before_bytes"] < 64 * MiB
     print(json.dumps({k: result[k] for k in ("broker_peak_rss_bytes", "coordinator_peak_rss_bytes",
                                              "coordinator_rss_before_bytes", "round_wall_s", "total_s")}))
+
+
+def test_200_devices_in_2_groups_get_their_weights_once_per_group(tmp_path):
+    """The same load with two config groups sharing by group: no report lost, and per round the coordinator
+    publishes each group's weights once (on the group's topics) plus one instruction per device."""
+    out = tmp_path / "load.json"
+    r = subprocess.run([sys.executable, str(BENCH), "--devices", "200", "--rounds", "3", "--processes", "4",
+                        "--timeout", "60", "--groups", "2", "-o", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    [run] = json.loads(out.read_text())["shared_groups"]["runs"]
+    assert run["reports_lost"] == 0 and run["device_exit_codes"] == [0, 0, 0, 0], run["device_errors"]
+    assert len(set(run["group_widths"].values())) == 2                  # two configs, so two different sets
+    assert [b["round"] for b in run["bytes_per_round"]] == [1, 2, 3]
+    for b in run["bytes_per_round"]:
+        assert b["instruction_messages"] == 200 and b["group_artifact_messages"] == 4, b   # a chunk + its manifest each
+        assert len(b["group_set_bytes"]) == 2 and b["device_artifact_bytes"] == 0, b
+        sets = sum(b["group_set_bytes"].values())
+        assert sets < b["group_artifact_bytes"] < sets + 2048, b          # each group's set once, and its manifest
+        assert b["coordinator_published_bytes"] < 1.01 * b["expected_bytes_groups_x_set_plus_devices_x_instruction"]
+        assert b["coordinator_published_bytes"] < b["per_device_delivery_would_publish_bytes"]

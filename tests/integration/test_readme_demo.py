@@ -71,11 +71,15 @@ class Shell:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory, data):      # data: Fashion-MNIST is installed (the demo trains on it)
+    """The demo block run once: both tests need its deployment, data and run folder."""
     mosquitto_path()        # skips with the install hint when mosquitto is missing
     folder = tmp_path_factory.mktemp("readme")
     shutil.copytree(ROOT / "examples", folder / "examples")
     shell = Shell(folder, {port: str(free_port()) for port in PORTS})
     try:
+        [(language, body)] = blocks(section("Run a small demo fleet on one machine"))
+        assert language == "bash"
+        shell.result = shell.run(body, timeout=600)
         yield shell
     finally:
         shell.stop()
@@ -84,9 +88,7 @@ def demo(tmp_path_factory, data):      # data: Fashion-MNIST is installed (the d
 def test_the_demo_fleet_serves_two_rounds_as_the_readme_says(demo):
     import json
 
-    [(language, body)] = blocks(section("Run a small demo fleet on one machine"))
-    assert language == "bash"
-    result = demo.run(body, timeout=600)
+    result = demo.result
     assert result.returncode == 0, result.stdout
     history = json.loads((demo.folder / "runs" / "demo" / "history.json").read_text())["rounds"]
     assert len(history) == 2
@@ -98,14 +100,13 @@ def test_the_demo_fleet_serves_two_rounds_as_the_readme_says(demo):
 
 
 def test_troubleshooting_commands_fail_with_the_errors_the_readme_shows(demo):
-    if not (demo.folder / "deploy").is_dir():
-        pytest.skip("needs the demo's deployment and data (test_the_demo_fleet_serves_two_rounds_as_the_readme_says)")
+    assert demo.result.returncode == 0, demo.result.stdout      # its deployment and data are there
     found = blocks(section("Troubleshooting"))
     assert found[0][0] == "bash" and found[1][0] == "bash"      # the demo's broker again, then the cases
     started = demo.run(found[0][1] + "\nsleep 1\n", timeout=30)
     assert started.returncode == 0, started.stdout
     cases = list(zip(found[1::2], found[2::2]))
-    assert len(cases) == 5
+    assert len(cases) == 4
     for (language, command), (shown_as, shown) in cases:
         assert (language, shown_as) == ("bash", "text"), command
         result = demo.run(command, timeout=120)

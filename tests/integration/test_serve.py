@@ -119,3 +119,64 @@ def test_emulation_and_mqtt_reach_the_same_weights(tmp_path):
             assert err <= 1e-5, (key, float(err))
         else:
             assert torch.equal(served[key], value), key
+
+
+class ArtifactCounter:
+    """A subscriber on fl/v1/# counting the artifact bytes (chunk manifests and chunks) the coordinator publishes,
+    per round (bytes count towards the round of the next instruction: a round's artifacts go out before or
+    beside its instructions), and where they went: a group's topics or a device's own."""
+
+    def __init__(self, url: str):
+        import paho.mqtt.client as mqtt
+
+        from edgefl.transport import topics
+
+        self.bytes: dict[tuple[int, str], int] = {}
+        self._pending = {"group": 0, "device": 0}
+        host, port = url.removeprefix("mqtt://").split(":")
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="counter", protocol=mqtt.MQTTv5)
+
+        def count(client, userdata, msg):
+            t = topics.parse(msg.topic)
+            if t is not None and t.kind in ("manifest", "chunk"):
+                self._pending["group" if t.group is not None else "device"] += len(msg.payload)
+            elif t is not None and t.kind == "instr":
+                r = json.loads(msg.payload)["instruction"]["round"]
+                for where, n in self._pending.items():
+                    self.bytes[(r, where)] = self.bytes.get((r, where), 0) + n
+                self._pending = {"group": 0, "device": 0}
+        self.c.on_message = count
+        self.c.connect(host, int(port))
+        self.c.subscribe("fl/v1/#", qos=1)
+        self.c.loop_start()
+
+    def close(self):
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def test_two_groups_get_their_sets_once_per_group(tmp_path):
+    """2 groups x 2 devices, 2 rounds: each round the coordinator publishes each group's set once, on the
+    group's topics (what changed: round 2 only the new weights and the manifest naming them), and no artifact
+    byte goes to a device's own topics."""
+    fleet_text = ("fleet:\n  name: pairs\n  groups:\n    east: {count: 2, runtime: torch, memory_budget: 2GiB}\n"
+                  "    west: {count: 2, runtime: torch, memory_budget: 2GiB}\n")
+    fleet, plan = write_plan(tmp_path, fleet_text, "fedavg", rounds=2)
+    with ServedRun(tmp_path, fleet, plan, train_limit=300) as run:
+        counter = ArtifactCounter(run.broker.url)
+        try:
+            history = run.serve(tmp_path / "state", 2, "--round-timeout", "300")
+        finally:
+            counter.close()
+    rounds = history["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert r["aggregated"] and r["participating_devices"] == {"east": 2, "west": 2}, (r["failed"], r["missing"])
+    [folder] = (tmp_path / "state" / "artifacts").glob("*-torch-*")     # one config: both groups train it
+    files = {p.relative_to(folder): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+    whole = sum(files.values())
+    changed = files[Path("manifest.json")] + sum(size for name, size in files.items() if "weights" in str(name))
+    overhead = 2 * 1024 * len(files)               # each group's chunk manifests beside the files
+    assert counter.bytes.get((1, "device"), 0) == counter.bytes.get((2, "device"), 0) == 0
+    assert 2 * whole <= counter.bytes[(1, "group")] <= 2 * whole + overhead < 4 * whole, (counter.bytes, files)
+    assert 2 * changed <= counter.bytes[(2, "group")] <= 2 * changed + overhead, (counter.bytes, files)

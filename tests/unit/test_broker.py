@@ -91,6 +91,20 @@ def test_fleet_acl_separates_devices():
     assert not permits(acl[COORDINATOR], "read", "other/topic")
 
 
+def test_a_device_reads_its_own_groups_shared_topics_only():
+    acl = fleet_acl(["a1", "a2", "b1"], {"a1": "lab", "a2": "lab", "b1": "field"})
+    shared = f"fl/v1/group/lab/art/{'0' * 64}/c/3"
+    assert permits(acl["a1"], "read", shared) and permits(acl["a2"], "read", shared)
+    assert not permits(acl["b1"], "read", shared) and permits(acl["b1"], "read", "fl/v1/group/field/art/x/manifest")
+    assert not any(permits(acl[d], "write", shared) for d in ("a1", "b1"))      # only the coordinator publishes there
+    assert may_subscribe(acl["a1"], "fl/v1/group/lab/art/+/c/+") and not may_subscribe(acl["a1"], "fl/v1/group/#")
+    assert permits(acl[COORDINATOR], "write", shared)
+    assert not any(r.topic.startswith("fl/v1/group/") for r in fleet_acl(["a1"])["a1"])   # no group, no rule
+    assert parse_acl(render_acl(acl)) == acl
+    with pytest.raises(ConfigError, match="rename the group"):
+        fleet_acl(["a1"], {"a1": "the lab"})
+
+
 def test_acl_file_round_trip_and_refuses_what_it_does_not_write():
     acl = fleet_acl(["dev-1", "lab.pi_5"])
     assert parse_acl(render_acl(acl)) == acl

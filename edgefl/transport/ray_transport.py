@@ -1,0 +1,159 @@
+"""Devices in a pool of Ray actors (`edgefl emulate --engine ray`): the round loop's Transport, with the
+devices on the machines of a Ray cluster instead of in this process.
+
+Not a second system: the Coordinator sends each instruction and its weights through `send` and gets the
+reports back through `collect`, as with the in-memory transport; only where a device's `handle` runs
+changes. Each actor runs `host()` once (e.g. builds the torch Trainer) and then serves any device it is
+given. A device's data (`data(device_id)`: its shard of the training set and small values) is put in Ray's
+object store once, on its first instruction, and passed by reference after that: an actor on the same node
+reads the arrays without a copy, another node fetches them once. A device stays on the actor it was first
+given to (the one holding the fewest devices), so each shard lives on one node. Weights go as numpy
+arrays (serialised without a copy), and a round's devices that get the same bytes (FedAvg: all of them)
+share one object: the store holds each distinct set of weights once per round, not once per device.
+
+`send` submits the work and returns at once; `collect` hands the reports to `on_report` in the order the
+instructions were sent, each as soon as it and the ones before it are done. The running aggregate folds
+in that order, as it folds the in-process engine's reports, so both engines give the same bits
+(edgefl.aggregate: the order of a float64 sum can move a float32 result's last bit); a report finished out
+of turn waits in the object store, not in this process.
+
+Ray is imported only here, and only when such a transport is made (`import_ray`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import numpy as np
+
+from edgefl.errors import ConfigError, TransportError
+from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.transport import Transport
+from edgefl.transport.tensors import as_array
+
+INSTALL_HINT = "pip install 'edgefl[ray]'"
+READY_TIMEOUT_S = 300.0     # actors must start within this (a worker process per actor, torch imported)
+
+
+def import_ray():
+    """The ray module, or a ConfigError with the install hint."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"--engine ray: Ray is not installed here; {INSTALL_HINT}") from None
+    return ray
+
+
+class _Actor:
+    """The body of one pool actor: `host()` made once, then one call per instruction."""
+
+    def __init__(self, host: Callable[[], Callable[..., DeviceReport]]):
+        self.serve = host()
+
+    def ready(self) -> bool:
+        return True
+
+    def handle(self, device_id: str, instruction: RoundInstruction, weights: Mapping[str, Any], *data) -> DeviceReport:
+        return self.serve(device_id, instruction, weights, *data)
+
+
+class RayTransport(Transport):
+    """`size` actors, each reserving `resources` (e.g. {"num_cpus": 1} or {"num_gpus": 1}), spread over the
+    cluster's nodes; `ray.init` must have been called. `host` (picklable) runs once per actor and returns
+    `serve(device_id, instruction, weights, *data) -> DeviceReport`, the weights as read-only numpy arrays;
+    `data(device_id)` (called here) gives the device's extra arguments, its numpy arrays put in the object
+    store once and read there."""
+
+    def __init__(self, host: Callable[[], Callable[..., DeviceReport]], data: Callable[[str], tuple], *,
+                 size: int, resources: Mapping[str, float]):
+        self.ray = ray = import_ray()
+        if size < 1:
+            raise ConfigError("--engine ray: the Ray cluster has no room for a device actor "
+                              f"(each needs {dict(resources)}); add nodes or resources")
+        actor = ray.remote(**resources, scheduling_strategy="SPREAD")(_Actor)
+        self._actors = [actor.remote(host) for _ in range(size)]
+        self._data = data
+        self._placed: dict[str, tuple[int, list]] = {}      # device -> (actor index, object refs of its data)
+        self._load = [0] * size                             # devices placed on each actor
+        self._pending: dict[int, list[tuple[str, Any]]] = {}  # round -> (device, result ref), in send order
+        self._sent: tuple[int, dict] = (0, {})              # (round, {fingerprint: [(arrays, ref)]}) put so far
+        try:
+            ray.get([a.ready.remote() for a in self._actors], timeout=READY_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            self.close()
+            raise TransportError(f"--engine ray: {size} device actors did not start within {READY_TIMEOUT_S:.0f} s "
+                                 f"(each needs {dict(resources)}; see 'ray status')") from None
+        except ray.exceptions.RayActorError as exc:
+            self.close()
+            raise TransportError(f"--engine ray: a device actor failed to start (every node needs this edgefl "
+                                 f"version with torch): {str(exc).strip().splitlines()[-1]}") from None
+
+    def _place(self, device_id: str) -> tuple[int, list]:
+        if device_id not in self._placed:
+            i = min(range(len(self._actors)), key=lambda k: self._load[k])
+            self._load[i] += 1
+            self._placed[device_id] = (i, [self.ray.put(v) if isinstance(v, np.ndarray) else v
+                                           for v in self._data(device_id)])
+        return self._placed[device_id]
+
+    def _weights(self, round: int, weights: Mapping[str, Any]):
+        """The object holding `weights` as numpy arrays: one put per distinct set of bytes in a round."""
+        arrays = {k: as_array(v) for k, v in weights.items()}
+        if self._sent[0] != round:
+            self._sent = (round, {})
+        seen = self._sent[1].setdefault(_fingerprint(arrays), [])
+        for known, ref in seen:
+            if all(_same(known[k], a) for k, a in arrays.items()):
+                return ref
+        seen.append((arrays, self.ray.put(arrays)))
+        return seen[-1][1]
+
+    def send(self, instruction: RoundInstruction, weights: Mapping[str, Any],
+             artifacts: Optional[Mapping[str, str]] = None) -> None:
+        i, data = self._place(instruction.device_id)
+        weights = self._weights(instruction.round, weights)
+        ref = self._actors[i].handle.remote(instruction.device_id, instruction, weights, *data)
+        self._pending.setdefault(instruction.round, []).append((instruction.device_id, ref))
+
+    def collect(self, round: int, expected: Iterable[str], timeout_s: float | None,
+                on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
+        ray, queue = self.ray, self._pending.pop(round, [])
+        queue.reverse()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        reports = []
+        while queue:
+            device_id, ref = queue.pop()     # dropped once read: a report frees its object at once
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not ray.wait([ref], timeout=left)[0]:     # past the deadline: missing (the loop records it)
+                ray.cancel(ref)
+                continue
+            try:
+                report = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                raise TransportError(f"--engine ray: the actor running device {device_id} died (a node left "
+                                     f"the cluster or ran out of memory): {str(exc).splitlines()[0]}") from None
+            reports.append(report)
+            if on_report is not None:
+                on_report(report)
+        return reports
+
+    def close(self) -> None:
+        for a in self._actors:
+            self.ray.kill(a)
+        self._actors, self._pending, self._sent = [], {}, (0, {})
+
+
+def _fingerprint(arrays: Mapping[str, np.ndarray]) -> tuple:
+    """Names, shapes, dtypes and 64 sampled entries per tensor: equal for equal weights, and for different
+    weights of one shape (random index sets) almost never, so `_same` runs about once per device."""
+    return tuple((k, a.shape, a.dtype.str, a.reshape(-1)[:: max(1, a.size // 64)].tobytes())
+                 for k, a in arrays.items())
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit (-0.0 is not 0.0, a NaN equals its copy)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    a, b = (np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in (a, b))
+    word = next(w for w in (np.uint64, np.uint32, np.uint8) if a.size % np.dtype(w).itemsize == 0)
+    return np.array_equal(a.view(word), b.view(word))     # compared as words: 2-3x faster than as bytes
