@@ -60,19 +60,20 @@ def family(model: str) -> str:
     return "resnet" if model.startswith("resnet") else model
 
 
+# Workspace terms of every runtime below are fitted by edgefl.upper_bound: per measured model family its own terms,
+# each an upper bound on every measured peak of that family with a margin of max(2%, 1 MiB) (the grid's constants
+# that maximise the smallest measured/predicted); a model of any other family gets, term by term, the largest any
+# family needed. Measured 2026-11-25 on x86_64, one thread, glibc's mmap threshold fixed at 128 KiB, batch 32, 20
+# steps with the device's default evaluation (256 examples) before and after.
 DEFAULTS: dict[str, RuntimeConstants] = {
     # torch as `edgefl-device train` and the emulation run it. baseline_bytes: RSS right after `import torch` in a
-    # fresh process (bench/memory_model.py: torch_import_rss_bytes). Workspace terms fitted by edgefl.upper_bound:
-    # per measured model family its own terms, each an upper bound on every measured peak of that family with a
-    # margin of max(2%, 1 MiB) (the grid's constants that maximise the smallest measured/predicted); a model of any
-    # other family gets, term by term, the largest any family needed. Measured 2026-11-25 on x86_64, one thread,
-    # glibc's mmap threshold fixed at 128 KiB, batch 32, 20 steps with the device's default evaluation (256
-    # examples) before and after. Fitted on 316 peaks (bench/memory_model.py: emulation peaks of every zoo model,
-    # and the exported torch sets of bench/artifact_memory.py on resnet20, cnn, transformer, vgg11bn, densenet40,
-    # vit with frozen prefixes 0, L/2, L-1 x head widths 0.25/0.5/1): measured/predicted 0.82-0.98 in sample; held
-    # out (a family priced with the others' terms): cnn 0.85-0.94, densenet40 0.81-0.92, resnet 0.84-0.95,
-    # transformer 0.80-0.91, vgg11bn 0.80-0.96, vit 0.82-0.91. Under glibc's default dynamic mmap threshold the
-    # heap fragments and peaks grow up to ~2x: see bench/results/memory_model.json, allocator.
+    # fresh process (bench/memory_model.py: torch_import_rss_bytes). Workspace terms as above. Fitted on 316 peaks
+    # (bench/memory_model.py: emulation peaks of every zoo model, and the exported torch sets of
+    # bench/artifact_memory.py on resnet20, cnn, transformer, vgg11bn, densenet40, vit with frozen prefixes 0, L/2,
+    # L-1 x head widths 0.25/0.5/1): measured/predicted 0.82-0.98 in sample; held out (a family priced with the
+    # others' terms): cnn 0.85-0.94, densenet40 0.81-0.92, resnet 0.84-0.95, transformer 0.80-0.91, vgg11bn
+    # 0.80-0.96, vit 0.82-0.91. Under glibc's default dynamic mmap threshold the heap fragments and peaks grow up
+    # to ~2x: see bench/results/memory_model.json, allocator.
     "torch": RuntimeConstants(
         228_560_896, 148_340_505, 1.3,
         "measured import RSS; workspace an upper bound per family on measured peaks",
@@ -85,18 +86,14 @@ DEFAULTS: dict[str, RuntimeConstants] = {
                   ("vit", 127_406_185, 1.15, 0.1, 0.2),)),
     # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim; no torch, no onnx; the CPU arena
     # off). baseline_bytes: RSS of a fresh process after importing it and opening one session
-    # (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms fitted by edgefl.upper_bound: per measured
-    # model family its own terms, each an upper bound on every measured peak of that family with a margin of
-    # max(2%, 1 MiB) (the grid's constants that maximise the smallest measured/predicted); a model of any other
-    # family gets, term by term, the largest any family needed. Measured 2026-11-25 on x86_64, one thread, glibc's
-    # mmap threshold fixed at 128 KiB, batch 32, 20 steps with the device's default evaluation (256 examples)
-    # before and after. On 42 peaks of exported sets (resnet20, cnn, transformer, vgg11bn, densenet40, vit; frozen
-    # 0, L/2, L-1 x head widths 0.25/0.5/1): measured/predicted 0.87-0.98 (cnn 0.96-0.98, densenet40 0.96-0.98,
-    # resnet 0.91-0.98, transformer 0.88-0.98, vgg11bn 0.87-0.98, vit 0.94-0.98). One set of terms cannot price
-    # every family closely (ORT's memory follows its graph: the gradient graph, recomputation, fused ops): held
-    # out, a family priced with the others' largest terms gets cnn 0.69-0.86, densenet40 0.66-0.79, resnet
-    # 0.81-0.90, transformer 0.77-0.86, vgg11bn 0.60-0.83, vit 0.70-0.88: safe, loose. prefix_batch: the ORT
-    # trainer runs the frozen prefix 4 samples at a time (edgefl.device_runtime.trainers.ort_trainer).
+    # (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms as above. On 42 peaks of exported sets
+    # (resnet20, cnn, transformer, vgg11bn, densenet40, vit; frozen 0, L/2, L-1 x head widths 0.25/0.5/1):
+    # measured/predicted 0.87-0.98 (cnn 0.96-0.98, densenet40 0.96-0.98, resnet 0.91-0.98, transformer 0.88-0.98,
+    # vgg11bn 0.87-0.98, vit 0.94-0.98). One set of terms cannot price every family closely (ORT's memory follows
+    # its graph: the gradient graph, recomputation, fused ops): held out, a family priced with the others' largest
+    # terms gets cnn 0.69-0.86, densenet40 0.66-0.79, resnet 0.81-0.90, transformer 0.77-0.86, vgg11bn 0.60-0.83,
+    # vit 0.70-0.88: safe, loose. prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a time
+    # (edgefl.device_runtime.trainers.ort_trainer).
     "ort": RuntimeConstants(
         51_912_704, 24_289_813, 1.59,
         "measured import + session RSS; workspace an upper bound per family on measured peaks",
@@ -109,18 +106,13 @@ DEFAULTS: dict[str, RuntimeConstants] = {
                   ("vit", 0, 1.48, 4.0, 1.9),)),
     # executorch 1.5.1 as devices run it: the native trainer (edgefl-et-train: C++, no Python, no torch).
     # baseline_bytes: peak RSS of a fresh `edgefl-et-train --version` under GNU time, its libraries loaded and
-    # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms fitted by
-    # edgefl.upper_bound: per measured model family its own terms, each an upper bound on every measured peak of
-    # that family with a margin of max(2%, 1 MiB) (the grid's constants that maximise the smallest
-    # measured/predicted); a model of any other family gets, term by term, the largest any family needed. Measured
-    # 2026-11-25 on x86_64, one thread, glibc's mmap threshold fixed at 128 KiB, batch 32, 20 steps with the
-    # device's default evaluation (256 examples) before and after. On 35 peaks of exported sets: measured/predicted
-    # 0.79-0.98 (cnn 0.89-0.96, resnet 0.79-0.96, transformer 0.92-0.98, vgg11bn 0.92-0.98, vit 0.91-0.98); held
-    # out: cnn 0.70-0.86, resnet 0.74-0.94, transformer 0.77-0.96, vgg11bn 0.82-0.97, vit 0.70-0.87. Most of a peak
-    # is the suffix program's memory-planned arena; its high-water mark is a convolution's im2col patches in flight
-    # (built 2 MiB at a time). prefix_batch 1: the native trainer runs the frozen prefix one sample at a time. The
-    # Python ExecuTorch trainer (--trainer python, imports torch) peaks at 368-430 MiB on the same sets: these
-    # constants do not cover it.
+    # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms as above. On
+    # 35 peaks of exported sets: measured/predicted 0.79-0.98 (cnn 0.89-0.96, resnet 0.79-0.96, transformer
+    # 0.92-0.98, vgg11bn 0.92-0.98, vit 0.91-0.98); held out: cnn 0.70-0.86, resnet 0.74-0.94, transformer
+    # 0.77-0.96, vgg11bn 0.82-0.97, vit 0.70-0.87. Most of a peak is the suffix program's memory-planned arena; its
+    # high-water mark is a convolution's im2col patches in flight (built 2 MiB at a time). prefix_batch 1: the
+    # native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer python,
+    # imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
     "executorch": RuntimeConstants(
         5_206_016, 10_120_091, 1.57,
         "measured native trainer RSS; workspace an upper bound per family on measured native peaks",
