@@ -227,7 +227,10 @@ def extract(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config: Tra
             continue
         t = state[e.key].detach()
         ix = _index(e.dims, indices, t.shape)
-        out[e.device_key] = t.clone() if ix is None else t[ix]
+        # a whole tensor is the global one itself: every consumer copies (load_state_dict) or serialises it,
+        # and a round's global state is replaced, never written in place; a clone per device of a round
+        # was a model per device held until the round's reports were in
+        out[e.device_key] = t if ix is None else t[ix]
     return out
 
 

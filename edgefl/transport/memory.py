@@ -1,8 +1,9 @@
 """In-memory transport. Devices live in this process and attach in one of two ways:
 
 * emulation: objects (or proxies to worker processes) with a `handle(instruction, weights) ->
-  DeviceReport` method, made by `device_factory`; tensors are passed by reference, not copied, and
-  the report comes back synchronously;
+  DeviceReport` method, made by `device_factory`; tensors are passed by reference, not copied. A
+  device runs when its report is collected, not when it is sent to: the coordinator then holds one
+  upload at a time, as it would with devices that train while it waits;
 * device links: `connect(device_id)` gives a device its connection to an in-process broker (the
   `MemoryHub`), over which it speaks exactly the MQTT protocol (chunked artifacts, flat float32
   buffers, presence) through `edgefl.device_runtime.link.DeviceLink`. The transport contract suite runs
@@ -28,7 +29,7 @@ class InMemoryTransport(WireTransport):
         super().__init__(self.hub.connect(COORDINATOR_ID), chunk_size, window)
         self._factory = device_factory
         self._devices: dict[str, Any] = {}
-        self._pending: dict[int, list[DeviceReport]] = {}
+        self._pending: dict[int, list[tuple[RoundInstruction, Mapping[str, Any]]]] = {}
         self.bytes_down = 0
         self.bytes_up = 0
 
@@ -46,18 +47,22 @@ class InMemoryTransport(WireTransport):
              artifacts: Optional[Mapping[str, str]] = None) -> None:
         if self._factory is None:
             return super().send(instruction, weights, artifacts)
-        report = self.device(instruction.device_id).handle(instruction, weights)
-        self.bytes_down += report.download_bytes
-        self.bytes_up += report.upload_bytes
-        self._pending.setdefault(instruction.round, []).append(report)
+        self._pending.setdefault(instruction.round, []).append((instruction, weights))
 
     def collect(self, round: int, expected: Iterable[str], timeout_s: float | None,
                 on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
         if self._factory is None:
             return super().collect(round, expected, timeout_s, on_report)
-        reports = self._pending.pop(round, [])
-        for report in reports if on_report is not None else ():
-            on_report(report)
+        reports, pending = [], self._pending.pop(round, [])[::-1]
+        while pending:      # popped one by one: a device's weights are let go once it has run
+            instruction, weights = pending.pop()
+            report = self.device(instruction.device_id).handle(instruction, weights)
+            del weights
+            self.bytes_down += report.download_bytes
+            self.bytes_up += report.upload_bytes
+            if on_report is not None:
+                on_report(report)
+            reports.append(report)
         missing = set(expected) - {r.device_id for r in reports}
         if missing and timeout_s is None:
             raise TransportError(f"round {round}: no report from {sorted(missing)[:3]} (in-memory devices never time out)")
