@@ -11,7 +11,10 @@ given to (the one holding the fewest devices), so each shard lives on one node. 
 arrays (serialised without a copy), and a round's devices that get the same bytes (FedAvg: all of them)
 share one object: the store holds each distinct set of weights once per round, not once per device.
 
-`send` submits the work and returns at once; `collect` hands the reports to `on_report` in the order the
+`send` queues the work and returns at once; an actor's queue goes out as one task when it holds
+DEVICES_PER_TASK devices (or when the round is collected): a task's fixed cost (scheduling, a result object,
+a round trip) is shared by that many devices instead of paid by each, and this process holds at most that
+many reports per actor at a time. `collect` hands the reports to `on_report` in the order the
 instructions were sent, each as soon as it and the ones before it are done. The running aggregate folds
 in that order, as it folds the in-process engine's reports, so both engines give the same bits
 (edgefl.aggregate: the order of a float64 sum can move a float32 result's last bit); a report finished out
@@ -32,6 +35,7 @@ from edgefl.transport import Transport
 from edgefl.transport.tensors import as_array
 
 INSTALL_HINT = "pip install 'edgefl[ray]'"
+DEVICES_PER_TASK = 8        # per-task cost shared by this many devices; reports held here: this many per actor
 READY_TIMEOUT_S = 300.0     # actors must start within this (a worker process per actor, torch imported)
 
 
@@ -53,8 +57,16 @@ class _Actor:
     def ready(self) -> bool:
         return True
 
-    def handle(self, device_id: str, instruction: RoundInstruction, weights: Mapping[str, Any], *data) -> DeviceReport:
-        return self.serve(device_id, instruction, weights, *data)
+    def handle(self, batch: list[tuple]) -> list[DeviceReport]:
+        """(device_id, instruction, weights ref, data) per device. Refs inside a list are not resolved by
+        Ray: each is read here, from the object store of this node (numpy arrays without a copy)."""
+        import ray
+        refs = list({r: None for _, _, weights, data in batch for r in (weights, *data)
+                     if isinstance(r, ray.ObjectRef)})
+        value = dict(zip(refs, ray.get(refs)))         # one read for the batch; a round's shared weights once
+        return [self.serve(device_id, instruction, value[weights], *(value.get(v, v) if isinstance(v, ray.ObjectRef)
+                                                                     else v for v in data))
+                for device_id, instruction, weights, data in batch]
 
 
 class RayTransport(Transport):
@@ -75,7 +87,8 @@ class RayTransport(Transport):
         self._data = data
         self._placed: dict[str, tuple[int, list]] = {}      # device -> (actor index, object refs of its data)
         self._load = [0] * size                             # devices placed on each actor
-        self._pending: dict[int, list[tuple[str, Any]]] = {}  # round -> (device, result ref), in send order
+        self._open: dict[int, _Task] = {}                   # actor index -> its task being filled
+        self._pending: dict[int, list[tuple[str, _Task, int]]] = {}  # round -> (device, task, slot), in send order
         self._sent: tuple[int, dict] = (0, {})              # (round, {fingerprint: [(arrays, ref)]}) put so far
         try:
             ray.get([a.ready.remote() for a in self._actors], timeout=READY_TIMEOUT_S)
@@ -112,26 +125,45 @@ class RayTransport(Transport):
              artifacts: Optional[Mapping[str, str]] = None) -> None:
         i, data = self._place(instruction.device_id)
         weights = self._weights(instruction.round, weights)
-        ref = self._actors[i].handle.remote(instruction.device_id, instruction, weights, *data)
-        self._pending.setdefault(instruction.round, []).append((instruction.device_id, ref))
+        task = self._open.get(i)
+        if task is not None and task.round != instruction.round:
+            self._submit(i)
+        task = self._open.setdefault(i, _Task(instruction.round))
+        task.batch.append((instruction.device_id, instruction, weights, data))
+        self._pending.setdefault(instruction.round, []).append((instruction.device_id, task, len(task.batch) - 1))
+        if len(task.batch) >= DEVICES_PER_TASK:
+            self._submit(i)
+
+    def _submit(self, i: int) -> None:
+        task = self._open.pop(i)
+        task.ref, task.batch = self._actors[i].handle.remote(task.batch), None
 
     def collect(self, round: int, expected: Iterable[str], timeout_s: float | None,
                 on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
         ray, queue = self.ray, self._pending.pop(round, [])
+        for i in [i for i, task in self._open.items() if task.round == round]:
+            self._submit(i)
         queue.reverse()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         reports = []
         while queue:
-            device_id, ref = queue.pop()     # dropped once read: a report frees its object at once
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not ray.wait([ref], timeout=left)[0]:     # past the deadline: missing (the loop records it)
-                ray.cancel(ref)
-                continue
-            try:
-                report = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                raise TransportError(f"--engine ray: the actor running device {device_id} died (a node left "
-                                     f"the cluster or ran out of memory): {str(exc).splitlines()[0]}") from None
+            device_id, task, slot = queue.pop()
+            if task.reports is None and not task.missing:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not ray.wait([task.ref], timeout=left)[0]:   # past the deadline: its devices are missing
+                    ray.cancel(task.ref)
+                    task.missing = True
+                else:
+                    try:
+                        task.reports = ray.get(task.ref)
+                    except ray.exceptions.RayActorError as exc:
+                        raise TransportError(f"--engine ray: the actor running device {device_id} died (a node "
+                                             f"left the cluster or ran out of memory): "
+                                             f"{str(exc).splitlines()[0]}") from None
+                task.ref = None                  # the result object is freed once read
+            if task.missing:
+                continue                         # the loop records it as missing
+            report, task.reports[slot] = task.reports[slot], None     # each report let go once handed on
             reports.append(report)
             if on_report is not None:
                 on_report(report)
@@ -140,7 +172,18 @@ class RayTransport(Transport):
     def close(self) -> None:
         for a in self._actors:
             self.ray.kill(a)
-        self._actors, self._pending, self._sent = [], {}, (0, {})
+        self._actors, self._open, self._pending, self._sent = [], {}, {}, (0, {})
+
+
+class _Task:
+    """One actor call for up to DEVICES_PER_TASK devices of a round: filled, submitted, read."""
+
+    def __init__(self, round: int):
+        self.round = round
+        self.batch: Optional[list[tuple]] = []
+        self.ref: Any = None
+        self.reports: Optional[list[Optional[DeviceReport]]] = None
+        self.missing = False
 
 
 def _fingerprint(arrays: Mapping[str, np.ndarray]) -> tuple:

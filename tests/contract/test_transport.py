@@ -393,13 +393,19 @@ def test_a_device_resumes_a_group_fetch_from_the_retained_copy(harness, tmp_path
     assert harness.server.artifacts.chunks_sent == 0 and harness.server.artifacts.group_chunks_published == 12
 
 
-def test_a_corrupt_or_missing_group_chunk_is_sent_by_the_coordinator(harness):
+def shipped_to_group(harness, chunks: int):
+    """Device d1 of group A, told of an artifact of `chunks` chunks that group A's topics hold."""
     harness.server.share_by_group({"d1": "A"})
-    data = blob(6)
+    data = blob(chunks)
     link = harness.link()
     artifact = harness.server.ship("d1", data, name="program")
     harness.server.send(instruction(), {})
     link.next_instruction(timeout_s=5)
+    return link, data, artifact
+
+
+def test_a_corrupt_or_missing_group_chunk_is_sent_by_the_coordinator(harness):
+    link, data, artifact = shipped_to_group(harness, 6)
     harness.inject(topics.group_chunk("A", artifact, 2), os.urandom(CHUNK), retain=True)   # replaced on the broker
     assert link.fetch(artifact, timeout_s=15).read_bytes() == data
     assert link.stats.corrupt_chunks == 1 and link.stats.chunks_accepted == 6
@@ -407,12 +413,7 @@ def test_a_corrupt_or_missing_group_chunk_is_sent_by_the_coordinator(harness):
 
 
 def test_a_group_whose_topics_hold_nothing_falls_back_to_the_coordinator(harness):
-    harness.server.share_by_group({"d1": "A"})
-    data = blob(3)
-    link = harness.link()
-    artifact = harness.server.ship("d1", data, name="program")
-    harness.server.send(instruction(), {})
-    link.next_instruction(timeout_s=5)
+    link, data, artifact = shipped_to_group(harness, 3)
     harness.server.artifacts.retire(before_round=math.inf)     # as a broker that lost them, or an ACL without them
     t0 = time.monotonic()
     assert link.fetch(artifact, timeout_s=15).read_bytes() == data
