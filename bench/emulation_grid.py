@@ -38,6 +38,17 @@ def run_method(method: str | Strategy, fleet: Fleet, ref: ModelRef, train, test,
     records, _ = emulate(fleet, plan, strategy, plan.model, train, test, shares, settings, device, **emulate_kwargs)
     curve = [(r.round, r.accuracy) for r in records if r.accuracy is not None]
     accuracies = [a for _, a in curve]
+    peaks: dict[str, list[int]] = {}
+    for r in records:
+        for device, peak in r.predicted_peak_bytes.items():
+            peaks.setdefault(r.sampled.get(device, "?"), []).append(peak)
+    # the papers' efficiency columns, summed over the run as the loop recorded them
+    costs = {"download_bytes": sum(r.download_bytes for r in records),
+             "upload_bytes": sum(r.upload_bytes for r in records),
+             "download_saved_bytes": sum(r.download_saved_bytes for r in records),
+             "training_flops": sum(r.flops for r in records),
+             "device_rounds": sum(len(r.predicted_peak_bytes) for r in records),
+             "max_predicted_peak_bytes_per_group": {g: max(v) for g, v in sorted(peaks.items())}}
     return {"final": accuracies[-1], "best": max(accuracies), "curve": curve, "excluded": excluded,
             "model": plan.model.label(), "notes": plan.notes, "wall_s": time.perf_counter() - start,
-            "seconds_per_round": sum(r.wall_s for r in records) / len(records)}
+            "seconds_per_round": sum(r.wall_s for r in records) / len(records), "costs": costs}

@@ -1,0 +1,168 @@
+"""A paper's main-table comparison on edgefl's emulation: the fleet its budgets describe, its methods, its
+ordering beside ours. Shared by bench/reproduce_{fedolf,fedepth,profl}.py (and the tie rule by the others).
+
+A study is a list of runs (label, method, fleet, options); each is planned by the method's own planner and
+emulated by the coordinator's round loop (bench/emulation_grid.run_method), and the result file is written
+after every run, so a long study keeps what it has. `--merge` combines studies split across processes.
+
+Ordering rule (SLT's, bench/reproduce_slt.py): methods are ordered by final accuracy; neighbours closer than
+one point (TIE) are ties. `matches_paper_order` is true when our order is the paper's, "up to ties" when the
+paper's order holds once accuracies within a point count as equal, and false otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from emulation_grid import run_method  # noqa: E402
+
+from edgefl.cli.emulate_cmd import _subset  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
+from edgefl.coordinator import LoopSettings  # noqa: E402
+from edgefl.data import load_dataset, parse_partition  # noqa: E402
+from edgefl.fleet import Fleet, parse_fleet  # noqa: E402
+from edgefl.strategies import PlanContext  # noqa: E402
+from edgefl.zoo import ModelRef  # noqa: E402
+
+TIE = 0.01
+BATCH, SEED = 32, 0
+
+
+def order_of(rows: dict, methods: list[str]) -> list[str]:
+    done = [m for m in methods if rows.get(m, {}).get("final") is not None]
+    return sorted(done, key=lambda m: -rows[m]["final"])
+
+
+def compare(rows: dict, paper_order: list[str]) -> dict:
+    """Our order of the paper's methods (those that ran), its ties, and whether it is the paper's."""
+    ours = order_of(rows, paper_order)
+    ties = [[a, b] for a, b in zip(ours, ours[1:]) if rows[a]["final"] - rows[b]["final"] < TIE]
+    paper = [m for m in paper_order if m in ours]
+    if len(ours) < len(paper_order):
+        match = None                       # not every method ran: no verdict
+    elif ours == paper:
+        match = True if not ties else "up to ties"
+    elif all(rows[a]["final"] >= rows[b]["final"] - TIE for i, a in enumerate(paper) for b in paper[i + 1:]):
+        match = "up to ties"
+    else:
+        match = False
+    return {"paper_order": paper_order, "our_order": ours, "ties": ties, "matches_paper_order": match}
+
+
+def group_fleet(name: str, groups: list[tuple[str, int, int]], runtime: str) -> Fleet:
+    """Groups (name, devices, memory budget in bytes) of one runtime."""
+    lines = [f"    {g}: {{count: {n}, memory_budget: {int(b)}B, runtime: {runtime}}}" for g, n, b in groups]
+    return parse_fleet(f"fleet:\n  name: {name}\n  groups:\n" + "\n".join(lines) + "\n")
+
+
+def peak_bytes(ref: ModelRef, runtime: str, optimizer: str = "sgd", **config) -> int:
+    """The cost model's predicted training peak of one configuration (batch BATCH) on `runtime`."""
+    probe = group_fleet("probe", [("p", 1, 2**40)], runtime)
+    ctx = PlanContext(probe, ref, batch_size=BATCH, optimizer=optimizer)
+    return ctx.cost(ctx.config(**config), runtime).peak_memory_bytes
+
+
+@dataclass
+class Run:
+    label: str                       # the row's name: a method, or a method with an option ("fedolf+toa0.75")
+    method: str
+    fleet: Fleet
+    emulate: dict = field(default_factory=dict)      # e.g. {"toa": 0.75}
+    ceiling: bool = False            # the unconstrained reference, not ordered with the others
+
+
+@dataclass
+class Study:
+    """One paper's setting: what every run shares and the paper's numbers it is compared with."""
+    name: str
+    paper: dict                      # the table and column compared, the paper's accuracies, its order
+    settings: dict                   # fixed before the run, written with the results
+    paper_order: list[str]
+    runs: Callable[[argparse.Namespace, ModelRef], list[Run]]
+    model: str = "resnet20"
+    clients_per_round: int = 10
+    devices: int = 100
+
+
+def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--merge", type=Path, nargs="+", help="combine these result files into -o and stop")
+    p.add_argument("--rounds", type=int, default=study.settings.get("rounds"))
+    p.add_argument("--partition", default=study.settings.get("partition"))
+    p.add_argument("--train-limit", type=int, default=study.settings.get("train_limit"),
+                   help="a seeded subset of the training set")
+    p.add_argument("--test-limit", type=int, default=study.settings.get("test_limit"))
+    p.add_argument("--only", help="run only these labels (comma-separated); merge the parts with --merge")
+    p.add_argument("--runtime", default="ort", help="the fleet's device runtime, whose cost model sets the budgets")
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / f"reproduce_{study.name}.json")
+    return p.parse_args(argv)
+
+
+def summarise(result: dict, paper_order: list[str]) -> None:
+    result.update(compare(result["methods"], paper_order))
+    ceilings = [r for r in result["methods"].values() if r.get("ceiling") and r.get("final") is not None]
+    result["ceiling_final"] = ceilings[0]["final"] if ceilings else None
+
+
+def merge(paths: list[Path], paper_order: list[str]) -> dict:
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    for path, part in zip(paths[1:], parts[1:]):
+        if part["settings"] != parts[0]["settings"]:
+            raise SystemExit(f"--merge: {path} has other settings than {paths[0]}; merge only runs of one setting")
+    result = {**parts[0], "merged_from": [Path(p).name for p in paths], "methods": {}}
+    for part in parts:
+        result["methods"].update(part["methods"])
+    summarise(result, paper_order)
+    return result
+
+
+def main(study: Study, description: str, argv=None) -> None:
+    args = arguments(study, description, argv)
+    if args.merge:
+        result = merge(args.merge, study.paper_order)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
+        return
+    train = _subset(load_dataset("fashion-mnist", split="train"), args.train_limit, args.seed)
+    test = _subset(load_dataset("fashion-mnist", split="test"), args.test_limit, args.seed + 1)
+    ref = ModelRef.of(study.model, num_classes=10, input_shape=(1, 28, 28))
+    settings = {**study.settings, "rounds": args.rounds, "partition": args.partition, "train_limit": args.train_limit,
+                "test_limit": args.test_limit, "runtime": args.runtime, "seed": args.seed, "devices": study.devices,
+                "clients_per_round": study.clients_per_round, "model": ref.label(), "data": "fashion-mnist",
+                "train_examples": len(train.y), "test_examples": len(test.y)}
+    loop = LoopSettings(rounds=args.rounds, clients_per_round=study.clients_per_round, seed=args.seed,
+                        eval_every=settings["eval_every"], lr=settings["lr"], lr_final=settings["lr_final"])
+    shares = parse_partition(args.partition).split(train.y, study.devices, args.seed)
+    runs = study.runs(args, ref)
+    if args.only:
+        wanted = args.only.split(",")
+        if unknown := [w for w in wanted if w not in {r.label for r in runs}]:
+            raise SystemExit(f"--only {unknown}: this study's runs are {[r.label for r in runs]}")
+        runs = [r for r in runs if r.label in wanted]
+    result = {"paper": study.paper, "settings": settings, "methods": {}, "load_before": os.getloadavg()}
+    if args.output.exists():     # a re-run of some labels keeps the others' rows
+        old = json.loads(args.output.read_text())
+        if old.get("settings") == settings:
+            result["methods"] = old["methods"]
+    result["budgets_bytes"] = {g.name: g.memory_budget_bytes for g in runs[0].fleet.groups} if runs else {}
+    for run in runs:
+        started = time.strftime("%H:%M:%S")
+        row = run_method(run.method, run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate)
+        row.update(method=run.method, ceiling=run.ceiling, options=run.emulate)
+        row["groups"] = {g.name: {"devices": g.count, "memory_budget": g.memory_budget_bytes} for g in run.fleet.groups}
+        result["methods"][run.label] = row
+        summarise(result, study.paper_order)
+        result["load_after"] = os.getloadavg()
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"{started} {run.label:16} final {row['final']} best {row['best']} excluded {list(row['excluded'])} "
+              f"({row.get('seconds_per_round', 0):.1f} s/round, {row['wall_s']:.0f} s)", flush=True)

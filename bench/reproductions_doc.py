@@ -1,0 +1,125 @@
+"""Write the result tables of docs/reproductions.md from bench/results/reproduce_*.json.
+
+Each paper's section of the document holds a block between `<!-- results:NAME -->` and `<!-- /results -->`;
+this script replaces every such block with a table rendered from the result file, so the document never
+states a number the results do not hold. The prose around the blocks (settings, differences, explanations)
+is written by hand.
+
+Run:  python bench/reproductions_doc.py            (after any reproduce_*.py run)
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "reproductions.md"
+RESULTS = ROOT / "bench" / "results"
+BLOCK = re.compile(r"(<!-- results:(\w+) -->\n).*?(<!-- /results -->)", re.S)
+
+
+def pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def mib(n) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def verdict(v) -> str:
+    return {True: "yes", False: "**no**", "up to ties": "yes, up to ties", None: "not every method ran"}[v]
+
+
+def method_table(rows: dict, paper: dict, order: list[str]) -> list[str]:
+    lines = ["| method | paper | ours, final | ours, best | groups excluded | download | upload | saved by TOA |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label in order + [m for m in rows if m not in order]:
+        row = rows.get(label)
+        if row is None:
+            lines.append(f"| {label} | {paper.get(label, '')} | not run yet | | | | | |")
+            continue
+        costs = row.get("costs", {})
+        name = f"{label} (ceiling)" if row.get("ceiling") else label
+        lines.append(f"| {name} | {paper.get(label, '')} | {pct(row['final'])} | {pct(row['best'])} | "
+                     f"{len(row['excluded'])} | {costs.get('download_bytes', 0) / 1e6:.0f} MB | "
+                     f"{costs.get('upload_bytes', 0) / 1e6:.0f} MB | {costs.get('download_saved_bytes', 0) / 1e6:.1f} MB |")
+    return lines
+
+
+def render_study(name: str) -> str:
+    path = RESULTS / f"reproduce_{name}.json"
+    if not path.exists():
+        return f"No result yet: run `python bench/reproduce_{name}.py`.\n"
+    r = json.loads(path.read_text())
+    s = r["settings"]
+    lines = [f"Ours ({s['model']}, {s['data']}, {s['train_examples']} training / {s['test_examples']} test examples, "
+             f"{s['partition']}, {s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
+             f"{s['runtime']} budgets: {', '.join(f'{g} {mib(b)}' for g, b in r['budgets_bytes'].items())}). "
+             f"Accuracies in %.", ""]
+    lines += method_table(r["methods"], r["paper"]["accuracy"], r["paper_order"] + ["fedavg"])
+    lines += ["", f"Paper order: {' > '.join(r['paper_order'])}. Ours: {' > '.join(r['our_order']) or 'none yet'}"
+              + (f" (ties within a point: {', '.join('~'.join(t) for t in r['ties'])})" if r["ties"] else "")
+              + f". Matches: {verdict(r['matches_paper_order'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def render_caff() -> str:
+    path = RESULTS / "reproduce_caff.json"
+    r = json.loads(path.read_text())
+    if "settings" not in r:
+        return "No result of the Table 1 setting yet: run `python bench/reproduce_caff.py --pretrained DIR`.\n"
+    lines = ["Pretrained set (held-out next-character loss, lower is better):", "",
+             "| depth | steps | batch | held-out loss | train loss |", "|---|---|---|---|---|"]
+    for depth, d in r["pretrained"]["depths"].items():
+        lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d['held_out_loss']:.3f} | {d['train_loss']:.3f} |")
+    lines += ["", "Held-out loss strictly decreasing with depth: "
+              + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]
+    s = r["settings"]
+    for column, rows in r["methods"].items():
+        lines += [f"Budget: {column} of the deepest model ({mib(r['budgets_bytes'][column])}, {s['runtime']}); "
+                  f"{s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
+                  f"{s['optimizer']} lr {s['lr']:g} -> {s['lr_final']:g}.", "",
+                  "| method | model it trained | ours, final | ours, best | devices admitted per depth |",
+                  "|---|---|---|---|---|"]
+        for m in r["paper_order"]:
+            row = rows.get(m)
+            if row is None:
+                lines.append(f"| {m} | not run yet | | | |")
+                continue
+            depth = re.search(r"layers=(\d+)", row.get("model") or "")
+            lines.append(f"| {m} | {depth.group(1) + ' layers' if depth else 'none fits'} | {pct(row['final'])} | "
+                         f"{pct(row['best'])} | {row.get('devices_admitted_per_depth') or ''} |")
+        lines += ["", f"Ours: {' > '.join(r['our_order'][column])}; matches the paper's "
+                  f"{' > '.join(r['paper_order'])}: {verdict(r['matches_paper_order'][column])}.", ""]
+    return "\n".join(lines)
+
+
+def render_slt() -> str:
+    r = json.loads((RESULTS / "reproduce_slt.json").read_text())
+    lines = ["| setting | SLT | small | FedRolex | FD | ceiling (FedAvg) | ours | matches |", "|---|---|---|---|---|---|---|---|"]
+    for setting, rows in r["settings"].items():
+        if setting.endswith("ceiling"):
+            continue
+        ceiling = r["settings"].get(setting.split("/")[0] + "/ceiling", {}).get("fedavg", {}).get("final")
+        lines.append(f"| {setting} | " + " | ".join(pct(rows.get(m, {}).get("final")) for m in ("slt", "small", "fedrolex", "fd"))
+                     + f" | {pct(ceiling)} | {' > '.join(r['orderings'][setting])} | "
+                       f"{verdict(r['matches_paper_order'].get(setting))} |")
+    return "\n".join(lines) + "\n"
+
+
+RENDER = {"slt": render_slt, "caff": render_caff, **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
+
+
+def main() -> None:
+    text = DOC.read_text()
+    unknown = [m.group(2) for m in BLOCK.finditer(text) if m.group(2) not in RENDER]
+    if unknown:
+        sys.exit(f"{DOC}: result blocks {unknown} have no renderer (known: {', '.join(RENDER)})")
+    DOC.write_text(BLOCK.sub(lambda m: m.group(1) + RENDER[m.group(2)]() + m.group(3), text))
+    print(f"wrote {DOC.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
