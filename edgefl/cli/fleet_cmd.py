@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +26,8 @@ import typer
 
 from edgefl.cli.run_view import listing
 from edgefl.errors import ConfigError, EdgeflError
+
+STOP_GRACE_S = 30.0    # after SIGTERM, for every agent together: a clean goodbye (presence, DISCONNECT)
 
 fleet_app = typer.Typer(no_args_is_help=True, help="run a fleet of device agents on this machine")
 
@@ -127,8 +130,15 @@ def up(
                 break
     for p in procs.values():
         p.terminate()
-    for p in procs.values():
-        p.wait(timeout=30)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for d, p in procs.items():
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:    # stuck saying goodbye (a slow broker): its trainer dies with it
+            p.kill()
+            p.wait()
+            stdout.print(f"[yellow]{d} did not stop within {STOP_GRACE_S:.0f} s: killed (its will marks it "
+                         f"offline); log {escape(str(workdir / 'logs' / f'{d}.log'))}[/]")
     if not stop.is_set():       # nobody asked them to stop: every agent died on its own
         first = min(exited)
         raise EdgeflError(f"every device agent exited: {listing([f'{d} ({rc})' for d, rc in sorted(exited.items())])}; "
