@@ -129,7 +129,7 @@ class TorchServerModel:
 
     def global_model(self) -> torch.nn.Module:
         if self.evaluated is not None:
-            config = self.evaluated.with_(aux_head=None, exits=())
+            config = self._judged()
             indices = index_sets(self.ref, config)
             model = device_model(self.ref, config, indices)
             model.load_state_dict(extract(self.state, self.ref, config, indices), strict=True)
@@ -138,9 +138,16 @@ class TorchServerModel:
         model.load_state_dict({k: v for k, v in self.state.items() if not k.startswith("aux.")}, strict=True)
         return model
 
+    def _judged(self) -> TrainConfig:
+        """The evaluated config as a model of its own: its layers, and the exit it ends in when it stops
+        short of the full depth (a depth-limited model is judged by its classifier there)."""
+        return self.evaluated.with_(aux_head=self.evaluated.aux_head if self.evaluated.end < self.evaluated.num_layers
+                                    else None, exits=())
+
     def _evaluate(self, x, y) -> dict:
         model = self.global_model().to(self.trainer.device)
-        return self.trainer.evaluate(model, TrainConfig(num_layers=len(model.layers)), x, y)
+        aux = self._judged().aux_head if self.evaluated is not None else None
+        return self.trainer.evaluate(model, TrainConfig(num_layers=len(model.layers), aux_head=aux), x, y)
 
     def evaluate(self) -> dict:
         return {} if self.test is None else self._evaluate(self.test.x, self.test.y)

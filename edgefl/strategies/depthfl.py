@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from edgefl.plan import GroupPlan, Step
+from edgefl.plan import GroupPlan, Plan, Step
 from edgefl.strategies.base import PerGroupStrategy, PlanContext
+from edgefl.trainconfig import TrainConfig
 
 
 def depth_cuts(profile) -> list[int]:
@@ -36,3 +37,12 @@ class DepthFL(PerGroupStrategy):
     def trainer_options(self, round: int, step: Step, group: Optional[GroupPlan] = None) -> dict:
         exits = step.config.exits
         return {"exits": exits, "distill": self.distill} if exits else {}
+
+    def evaluated_config(self, plan: Plan) -> Optional[TrainConfig]:
+        """The full model when some group trains it; else the deepest depth any group trains, judged by its
+        exit there. Layers and classifier no device reaches keep their initial weights: the full model
+        would be judged by a random classifier."""
+        configs = [s.config for g in plan.groups.values() if not g.excluded for s in g.steps]
+        if not configs or any(c.end == c.num_layers for c in configs):
+            return None
+        return max(configs, key=lambda c: c.end)

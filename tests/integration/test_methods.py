@@ -312,3 +312,23 @@ def test_the_small_model_is_evaluated_as_the_small_model(data):
 def test_methods_that_train_the_whole_model_are_evaluated_whole():
     fleet, plan = plan_for(get_strategy("fedavg"))
     assert get_strategy("fedavg").evaluated_config(plan) is None
+
+
+def test_depthfl_without_a_full_depth_device_is_evaluated_at_its_deepest_exit(data):
+    """No device reaches the last layers: the full model's classifier would stay at its initial weights
+    (chance accuracy), so DepthFL is judged by the deepest exit its devices train."""
+    train, test = data
+    fleet = parse_fleet(f"fleet:\n  groups:\n    small: {{count: 6, memory_budget: {small_budget()}, runtime: ort}}\n")
+    strategy = get_strategy("depthfl")
+    plan = verify(strategy.plan(PlanContext(fleet, CNN, rounds=2, batch_size=32)), fleet)
+    deepest = strategy.evaluated_config(plan)
+    assert deepest is not None and deepest.end < deepest.num_layers and deepest.aux_head is not None
+    assert deepest.end == max(s.config.end for s in plan.groups["small"].steps)
+    shares = parse_partition("iid").split(train.y, fleet.device_count, 0)
+    records, server = emulate(fleet, plan, strategy, plan.model, train, test, shares,
+                              LoopSettings(rounds=2, clients_per_round=3, lr=0.05, seed=0))
+    judged = server.global_model()
+    assert len(judged.layers) == deepest.end and hasattr(judged, "aux")
+    assert records[-1].accuracy == pytest.approx(server.evaluate()["accuracy"])
+    _, full = plan_for(strategy)            # a fleet with a device that holds the whole model: judged whole
+    assert strategy.evaluated_config(full) is None
