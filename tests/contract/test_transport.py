@@ -143,17 +143,22 @@ def test_artifact_arrives_verified_and_a_cached_one_is_not_fetched_again(harness
     assert link.wire.received == before                   # served from the cache: nothing downloaded
 
 
+def fetch_cut_at(link, artifact: str, chunks: int, tmp_path) -> int:
+    """Fetch until `chunks` chunks are held, then drop the connection as a crash would; the chunks device
+    d1's cache kept for the resume."""
+    def cut(held, total):
+        if held == chunks:
+            link.abort()
+    with pytest.raises(TransportError, match="resumes"):
+        link.fetch(artifact, timeout_s=10, progress=cut)
+    return len(ArtifactCache(tmp_path / "cache-d1").partial(artifact).held)
+
+
 def test_fetch_resumes_after_a_forced_disconnect_mid_artifact(harness, tmp_path):
     data, n = blob(12), 12
     artifact = harness.server.ship("d1", data)
     first = harness.link()
-
-    def cut(held, total):
-        if held == 3:
-            first.abort()
-    with pytest.raises(TransportError, match="resumes"):
-        first.fetch(artifact, timeout_s=10, progress=cut)
-    held = len(ArtifactCache(tmp_path / "cache-d1").partial(artifact).held)
+    held = fetch_cut_at(first, artifact, 3, tmp_path)
     assert held == 3
 
     second = harness.link()
@@ -376,12 +381,7 @@ def test_a_device_resumes_a_group_fetch_from_the_retained_copy(harness, tmp_path
     harness.server.send(instruction(), {})
     assert first.next_instruction(timeout_s=5).shared == {artifact: "A"}
 
-    def cut(held, total):
-        if held == 4:
-            first.abort()
-    with pytest.raises(TransportError, match="resumes"):
-        first.fetch(artifact, timeout_s=10, progress=cut)
-    held = len(ArtifactCache(tmp_path / "cache-d1").partial(artifact).held)
+    held = fetch_cut_at(first, artifact, 4, tmp_path)
     assert 4 <= held < 12
 
     second = harness.link()
