@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import one_group_fleet, run_method  # noqa: E402
+from reproduction import compare  # noqa: E402
 
 from edgefl.cli.emulate_cmd import _subset  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
 from edgefl.coordinator import LoopSettings  # noqa: E402
@@ -51,11 +52,6 @@ def budget_for_width(ref: ModelRef, s: float, runtime: str = "torch") -> int:
     return ctx.cost(ctx.config(head_start=0, head_width=s), runtime).peak_memory_bytes
 
 
-def ordering(row: dict) -> list[str]:
-    done = [m for m in CONSTRAINED if row.get(m, {}).get("final") is not None]
-    return sorted(done, key=lambda m: -row[m]["final"])
-
-
 def merge(paths: list[Path]) -> dict:
     """One result out of runs split across processes: same R, data and devices required."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
@@ -71,19 +67,15 @@ def merge(paths: list[Path]) -> dict:
     return result
 
 
-TIE = 0.01      # final accuracies closer than 1 point: one seed at this R cannot order them
-
-
 def summarise(result: dict) -> None:
-    """Orderings by final accuracy and whether they are the paper's. Neighbours within TIE are reported as
-    ties, and an ordering that needs one to match reads 'up to ties' instead of true: a sort would otherwise
-    break the tie in the paper's favour."""
-    rows = result["settings"]
-    result["orderings"] = {k: ordering(v) for k, v in rows.items() if not k.endswith("ceiling")}
-    result["ties"] = {k: [[a, b] for a, b in zip(o, o[1:]) if rows[k][a]["final"] - rows[k][b]["final"] < TIE]
-                      for k, o in result["orderings"].items()}
-    result["matches_paper_order"] = {k: (o == PAPER_ORDER and (not result["ties"][k] or "up to ties"))
-                                     for k, o in result["orderings"].items() if len(o) == len(PAPER_ORDER)}
+    """Orderings by final accuracy and whether they are the paper's, by the rule every reproduction uses
+    (bench/reproduction.compare: neighbours within a point are ties, and an order that needs one to
+    match reads 'up to ties')."""
+    verdicts = {k: compare(rows, PAPER_ORDER) for k, rows in result["settings"].items() if not k.endswith("ceiling")}
+    result["orderings"] = {k: v["our_order"] for k, v in verdicts.items()}
+    result["ties"] = {k: v["ties"] for k, v in verdicts.items()}
+    result["matches_paper_order"] = {k: v["matches_paper_order"] for k, v in verdicts.items()
+                                     if v["matches_paper_order"] is not None}
 
 
 def main(argv=None) -> None:
