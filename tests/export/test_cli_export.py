@@ -106,8 +106,7 @@ def test_export_refuses_bad_input_in_one_line(plan, tmp_path):
                        tmp_path / "o"), "w.npz", "layers.0.0.weight")
 
 
+@needs_fashion_mnist
 def test_data_export_names_a_client_that_is_not_there(tmp_path):
-    if not (FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file() and not REQUIRE_DATA:
-        pytest.skip("Fashion-MNIST absent")
     one_line_error(run("data", "export", "--dataset", "fashion-mnist", "--clients", 4, "--client", 4, "-o", tmp_path),
                    "--client 4", "0..3")
