@@ -143,6 +143,7 @@ def main(study: Study, description: str, argv=None) -> None:
                         eval_every=settings["eval_every"], lr=settings["lr"], lr_final=settings["lr_final"])
     shares = parse_partition(args.partition).split(train.y, study.devices, args.seed)
     runs = study.runs(args, ref)
+    fleet = next(r.fleet for r in runs if not r.ceiling)      # the paper's budgets, whichever runs are asked for
     if args.only:
         wanted = args.only.split(",")
         if unknown := [w for w in wanted if w not in {r.label for r in runs}]:
@@ -153,7 +154,7 @@ def main(study: Study, description: str, argv=None) -> None:
         old = json.loads(args.output.read_text())
         if old.get("settings") == settings:
             result["methods"] = old["methods"]
-    result["budgets_bytes"] = {g.name: g.memory_budget_bytes for g in runs[0].fleet.groups} if runs else {}
+    result["budgets_bytes"] = {g.name: g.memory_budget_bytes for g in fleet.groups}
     for run in runs:
         started = time.strftime("%H:%M:%S")
         row = run_method(run.method, run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate)

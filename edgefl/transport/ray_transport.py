@@ -64,8 +64,8 @@ class _Actor:
         refs = list({r: None for _, _, weights, data in batch for r in (weights, *data)
                      if isinstance(r, ray.ObjectRef)})
         value = dict(zip(refs, ray.get(refs)))         # one read for the batch; a round's shared weights once
-        return [self.serve(device_id, instruction, value[weights], *(value.get(v, v) if isinstance(v, ray.ObjectRef)
-                                                                     else v for v in data))
+        return [self.serve(device_id, instruction, value[weights],
+                           *(value[v] if isinstance(v, ray.ObjectRef) else v for v in data))
                 for device_id, instruction, weights, data in batch]
 
 
