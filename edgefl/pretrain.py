@@ -7,8 +7,13 @@ them. We train the same architectures on edgefl.data.pretrain_corpus (the poems 
 the federated Shakespeare clients, same character vocabulary) for as many steps as a few CPU-minutes
 allow, after a short linear warm-up (a tenth of the steps, at most 100). A batch is `batch_size` random
 windows of `context` + 1 tokens; the loss is next-token cross-entropy at every position, as the torch
-trainer fine-tunes. The corpus's last `holdout` share is never trained on: the mean loss over (up to
-`eval_windows` of) its non-overlapping windows is the held-out loss.
+trainer fine-tunes. The corpus's last `holdout` share is never trained on. Its first half is the
+validation text, its second half the test text: the mean loss over (up to `eval_windows` of) the test text's
+non-overlapping windows is the held-out loss reported. With `eval_every` > 0 the validation loss is measured
+every that many steps and the model kept is the checkpoint where it was lowest (early stopping: the corpus is
+small, so a deep model overfits it long before a CPU budget of steps runs out, where CAFF's models see their
+corpus once); with `patience` > 0 training stops after that many measurements without a new best. The test
+text is never used to choose, so the reported loss is not chosen on.
 
 Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
 the model as a ModelRef, the vocabulary, the corpus, the settings, and the measured losses and seconds).
@@ -47,6 +52,8 @@ class PretrainSettings:
     seed: int = 0
     holdout: float = 0.05
     eval_windows: int = 256
+    eval_every: int = 0                       # 0: keep the last step's model
+    patience: int = 0                         # 0: run every step
     device: str = "cpu"
 
     def lr_at(self, step: int) -> float:
@@ -92,9 +99,10 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
     device = torch.device(settings.device)
     cut = int(len(corpus.tokens) * (1 - settings.holdout))
     train, held = corpus.tokens[:cut], corpus.tokens[cut:]
-    if len(train) <= settings.context + 1 or len(held) <= settings.context + 1:
+    validation, test = held[: len(held) // 2], held[len(held) // 2:]
+    if len(train) <= settings.context + 1 or len(validation) <= settings.context + 1 or len(test) <= settings.context + 1:
         raise ConfigError(f"--context {settings.context}: the corpus ({len(corpus.tokens)} tokens) is too short for "
-                          "windows this long on both sides of the held-out split; use a shorter context")
+                          "windows this long in its training, validation and test parts; use a shorter context")
     ref = model_ref(layers, len(corpus.vocab), settings)
     torch.manual_seed(settings.seed)
     model = build(ref).to(device).train()
@@ -103,7 +111,17 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
     rng = np.random.default_rng(settings.seed)
-    losses, t0 = [], time.perf_counter()
+    losses, curve, best, t0 = [], [], None, time.perf_counter()
+
+    def measure(step: int) -> bool:
+        """Validation loss at `step`; keeps the checkpoint if it is the best yet. False: stop (patience)."""
+        nonlocal best
+        loss = held_out_loss(model, validation, settings.context, device, settings.eval_windows)
+        curve.append([step, round(loss, 5)])
+        if best is None or loss < best[1]:
+            best = (step, loss, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+        return not settings.patience or (step - best[0]) < settings.patience * settings.eval_every
+
     for step in range(settings.steps):
         for group in opt.param_groups:
             group["lr"] = settings.lr_at(step)
@@ -115,12 +133,20 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
         losses.append(float(loss.detach()))
         if on_step:
             on_step(step + 1, losses[-1])
+        if settings.eval_every and (step + 1) % settings.eval_every == 0 and not measure(step + 1):
+            break
+    if settings.eval_every and (not curve or curve[-1][0] != len(losses)):
+        measure(len(losses))
     seconds = time.perf_counter() - t0
+    if best is not None:
+        model.load_state_dict(best[2])
     tail = losses[-max(1, len(losses) // 10):]
-    summary = {"steps": settings.steps, "seconds": seconds, "first_loss": losses[0] if losses else None,
+    summary = {"steps": len(losses), "seconds": seconds, "first_loss": losses[0] if losses else None,
                "train_loss": sum(tail) / len(tail) if losses else None,
-               "held_out_loss": held_out_loss(model, held, settings.context, device, settings.eval_windows),
+               "held_out_loss": held_out_loss(model, test, settings.context, device, settings.eval_windows),
                "params": sum(p.numel() for p in model.parameters())}
+    if best is not None:
+        summary.update(best_step=best[0], validation_loss=best[1], validation_curve=curve)
     return ref, {k: v.detach().to("cpu") for k, v in model.state_dict().items()}, summary
 
 

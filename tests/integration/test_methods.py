@@ -291,6 +291,34 @@ def test_pretrain_then_emulate_lora_from_the_pretrained_set(tmp_path):
     assert r.returncode == 2 and "--pretrained" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_pretrain_keeps_the_best_validation_checkpoint_and_stops_on_patience():
+    """A learning rate this high diverges within a few measurements: the model kept is the one at the lowest
+    validation loss, training stops `patience` measurements after it, and the reported loss is measured on
+    the test half, which the choice never saw."""
+    from edgefl.data import pretrain_corpus
+    from edgefl.pretrain import PretrainSettings, held_out_loss, pretrain
+
+    corpus = pretrain_corpus()
+    settings = PretrainSettings(steps=200, batch_size=4, embed=16, heads=2, lr=2.0, eval_every=5, patience=2,
+                                eval_windows=16)
+    ref, state, summary = pretrain(corpus, 1, settings)
+    curve = summary["validation_curve"]
+    steps = [s for s, _ in curve]
+    assert steps == list(range(5, summary["steps"] + 1, 5)) and summary["steps"] < 200
+    best_step, best_loss = min(curve, key=lambda c: c[1])
+    assert summary["best_step"] == best_step and summary["steps"] == best_step + 2 * 5
+    assert summary["validation_loss"] == pytest.approx(best_loss, abs=1e-5) and best_loss < curve[-1][1]
+    from edgefl.zoo import build
+
+    model = build(ref)
+    model.load_state_dict(state)
+    held = corpus.tokens[int(len(corpus.tokens) * (1 - settings.holdout)):]
+    validation, test = held[: len(held) // 2], held[len(held) // 2:]
+    device = torch.device("cpu")
+    assert held_out_loss(model, validation, 80, device, 16) == pytest.approx(best_loss, abs=1e-4)
+    assert held_out_loss(model, test, 80, device, 16) == pytest.approx(summary["held_out_loss"], rel=1e-6)
+
+
 def test_the_small_model_is_evaluated_as_the_small_model(data):
     """Every device trains the same width-s slice; the global tensors' other entries never leave their
     initialisation, so the model evaluated (and its accuracy in the history) is the width-s one."""
