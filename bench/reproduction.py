@@ -28,11 +28,13 @@ from edgefl.cli.emulate_cmd import _subset  # noqa: E402  (the subset `edgefl em
 from edgefl.coordinator import LoopSettings  # noqa: E402
 from edgefl.data import load_dataset, parse_partition  # noqa: E402
 from edgefl.fleet import Fleet, parse_fleet  # noqa: E402
+from edgefl.hardware import load_profile  # noqa: E402
 from edgefl.strategies import PlanContext  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
 TIE = 0.01
 BATCH, SEED = 32, 0
+ENERGY_PROFILE = "android-mid"      # the papers' devices are phones and IoT boards; the studies' budgets are ort's
 
 
 def order_of(rows: dict, methods: list[str]) -> list[str]:
@@ -54,6 +56,19 @@ def compare(rows: dict, paper_order: list[str]) -> dict:
     else:
         match = False
     return {"paper_order": paper_order, "our_order": ours, "ties": ties, "matches_paper_order": match}
+
+
+def energy_estimate(costs: dict, profile_name: str = ENERGY_PROFILE) -> dict:
+    """Joules a run's devices would spend if each were `profile_name`: training at its sustained FLOP/s, moving
+    every downloaded and uploaded byte at its uplink rate, drawing its active power all the while (what a device
+    without a power meter reports, flagged estimated). The emulation measures FLOPs and bytes, not joules; the
+    profile's numbers are its stated estimates (hardware/profiles)."""
+    profile = load_profile(profile_name)
+    compute_s = costs["training_flops"] / profile.sustained_flops
+    transfer_s = 8 * (costs["download_bytes"] + costs["upload_bytes"]) / profile.uplink_bits_per_s
+    return {"profile": profile_name, "computation_j": compute_s * profile.power_active_w,
+            "communication_j": transfer_s * profile.power_active_w,
+            "total_j": (compute_s + transfer_s) * profile.power_active_w}
 
 
 def group_fleet(name: str, groups: list[tuple[str, int, int]], runtime: str) -> Fleet:
@@ -109,6 +124,9 @@ def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
 
 def summarise(result: dict, paper_order: list[str]) -> None:
     result.update(compare(result["methods"], paper_order))
+    for row in result["methods"].values():
+        if row.get("costs"):
+            row["energy_estimate"] = energy_estimate(row["costs"])
     ceilings = [r for r in result["methods"].values() if r.get("ceiling") and r.get("final") is not None]
     result["ceiling_final"] = ceilings[0]["final"] if ceilings else None
 

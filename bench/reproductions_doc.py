@@ -32,20 +32,38 @@ def verdict(v) -> str:
     return {True: "yes", False: "**no**", "up to ties": "yes, up to ties", None: "not every method ran"}[v]
 
 
+def kj(row: dict, part: str) -> str:
+    energy = row.get("energy_estimate")
+    return f"{energy[part] / 1e3:.1f}" if energy else ""
+
+
 def method_table(rows: dict, paper: dict, order: list[str]) -> list[str]:
-    lines = ["| method | paper | ours, final | ours, best | groups excluded | download | upload | saved by TOA |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | paper | ours, final | ours, best | groups excluded | download | upload | saved by TOA "
+             "| energy est., compute (kJ) | energy est., transfer (kJ) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label in order + [m for m in rows if m not in order]:
         row = rows.get(label)
         if row is None:
-            lines.append(f"| {label} | {paper.get(label, '')} | not run yet | | | | | |")
+            lines.append(f"| {label} | {paper.get(label, '')} | not run yet | | | | | | | |")
             continue
         costs = row.get("costs", {})
         name = f"{label} (ceiling)" if row.get("ceiling") else label
         lines.append(f"| {name} | {paper.get(label, '')} | {pct(row['final'])} | {pct(row['best'])} | "
                      f"{len(row['excluded'])} | {costs.get('download_bytes', 0) / 1e6:.0f} MB | "
-                     f"{costs.get('upload_bytes', 0) / 1e6:.0f} MB | {costs.get('download_saved_bytes', 0) / 1e6:.1f} MB |")
+                     f"{costs.get('upload_bytes', 0) / 1e6:.0f} MB | {costs.get('download_saved_bytes', 0) / 1e6:.1f} MB | "
+                     f"{kj(row, 'computation_j')} | {kj(row, 'communication_j')} |")
     return lines
+
+
+def energy_note(rows: dict) -> list[str]:
+    names = sorted({r["energy_estimate"]["profile"] for r in rows.values() if r.get("energy_estimate")})
+    if not names:
+        return []
+    from edgefl.hardware import load_profile
+    p = load_profile(names[0])
+    return ["", f"Energy is estimated, not measured: every device taken as the `{p.name}` profile "
+                f"({p.sustained_flops / 1e9:g} GFLOP/s sustained, {p.uplink_bits_per_s / 1e6:g} Mbit/s, "
+                f"{p.power_active_w:g} W active; hardware/profiles), over the FLOPs trained and the bytes moved."]
 
 
 def render_study(name: str) -> str:
@@ -59,6 +77,7 @@ def render_study(name: str) -> str:
              f"{s['runtime']} budgets: {', '.join(f'{g} {mib(b)}' for g, b in r['budgets_bytes'].items())}). "
              f"Accuracies in %.", ""]
     lines += method_table(r["methods"], r["paper"]["accuracy"], r["paper_order"] + ["fedavg"])
+    lines += energy_note(r["methods"])
     lines += ["", f"Paper order: {' > '.join(r['paper_order'])}. Ours: {' > '.join(r['our_order']) or 'none yet'}"
               + (f" (ties within a point: {', '.join('~'.join(t) for t in r['ties'])})" if r["ties"] else "")
               + f". Matches: {verdict(r['matches_paper_order'])}."]
