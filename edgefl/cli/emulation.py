@@ -13,7 +13,7 @@ predicted ones exceeds its memory (its group's budget unless `device_memory` say
 from __future__ import annotations
 
 import copy
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -48,14 +48,15 @@ class TorchServerModel:
     frozen layers before the last one shrunk to TOA-sampled filters (FedOLF sec. 3.3); the device builds
     its model at the widths sent with it. `groups`: per fleet group, local examples to measure its accuracy on.
     `initial`: the global weights to start from (a pretrained model), else a seeded fresh model.
-    `evaluated`: the config whose model is evaluated (Strategy.evaluated_config), else the whole model.
+    `evaluated`: the config whose model is evaluated (Strategy.evaluated_config), else the whole model; a
+    callable is asked at every evaluation (ProFL's judged model moves with its online step).
     """
     streams = True      # both rules ('trained', 'sampled') are sums: they fold one contribution at a time
 
     def __init__(self, ref: ModelRef, test: Optional[Dataset], trainer: TorchTrainer, seed: int,
                  groups: Optional[Mapping[str, tuple[np.ndarray, np.ndarray]]] = None, toa: Optional[float] = None,
                  clip_norm: Optional[float] = None, initial: Optional[Mapping[str, torch.Tensor]] = None,
-                 evaluated: Optional[TrainConfig] = None):
+                 evaluated: Union[TrainConfig, Callable[[], Optional[TrainConfig]], None] = None):
         torch.manual_seed(seed)
         self.ref, self.test, self.trainer, self.groups, self.toa = ref, test, trainer, dict(groups or {}), toa
         self.clip_norm, self.evaluated = clip_norm, evaluated
@@ -127,9 +128,10 @@ class TorchServerModel:
         """A round's contributions all at once: the same fold, in their order."""
         self.state = aggregate(self.state, contributions, mode)
 
-    def global_model(self) -> torch.nn.Module:
-        if self.evaluated is not None:
-            config = self._judged()
+    def global_model(self, judged: Optional[TrainConfig] = None) -> torch.nn.Module:
+        """The model evaluated: `judged` (default: the evaluated config now), or the whole model."""
+        config = judged if judged is not None else self._judged()
+        if config is not None:
             indices = index_sets(self.ref, config)
             model = device_model(self.ref, config, indices)
             model.load_state_dict(extract(self.state, self.ref, config, indices), strict=True)
@@ -138,15 +140,18 @@ class TorchServerModel:
         model.load_state_dict({k: v for k, v in self.state.items() if not k.startswith("aux.")}, strict=True)
         return model
 
-    def _judged(self) -> TrainConfig:
+    def _judged(self) -> Optional[TrainConfig]:
         """The evaluated config as a model of its own: its layers, and the exit it ends in when it stops
-        short of the full depth (a depth-limited model is judged by its classifier there)."""
-        return self.evaluated.with_(aux_head=self.evaluated.aux_head if self.evaluated.end < self.evaluated.num_layers
-                                    else None, exits=())
+        short of the full depth (a depth-limited model is judged by its classifier there). None: the whole model."""
+        config = self.evaluated() if callable(self.evaluated) else self.evaluated
+        if config is None:
+            return None
+        return config.with_(aux_head=config.aux_head if config.end < config.num_layers else None, exits=())
 
     def _evaluate(self, x, y) -> dict:
-        model = self.global_model().to(self.trainer.device)
-        aux = self._judged().aux_head if self.evaluated is not None else None
+        judged = self._judged()
+        model = self.global_model(judged).to(self.trainer.device)
+        aux = judged.aux_head if judged is not None else None
         return self.trainer.evaluate(model, TrainConfig(num_layers=len(model.layers), aux_head=aux), x, y)
 
     def evaluate(self) -> dict:
@@ -220,7 +225,7 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
     server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm,
-                              initial=initial_state, evaluated=strategy.evaluated_config(plan))
+                              initial=initial_state, evaluated=lambda: strategy.evaluated_config(plan))
     coordinator = Coordinator(fleet, plan, strategy, server, transport(make_device), settings,
                               examples=lambda d: len(share_of[d]), on_round=on_round, state=state)
     return coordinator.run(), server

@@ -92,7 +92,7 @@ def serve(
         _report_online(transport.wait_online(everyone, wait_online), everyone, broker, wait_online, stdout)
         strategy = get_strategy(plan.method)
         server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), seed, clip_norm=clip_norm,
-                                     evaluated=strategy.evaluated_config(plan),
+                                     evaluated=lambda: strategy.evaluated_config(plan),
                                      shipper=ArtifactShipper(state / "artifacts", backend_for),
                                      ship=transport.ship_artifact, runtime_of=runtime_of)
         settings = LoopSettings(rounds=total, clients_per_round=clients_per_round or len(everyone), seed=seed,

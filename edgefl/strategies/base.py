@@ -113,7 +113,8 @@ class Strategy:
     def evaluated_config(self, plan: Plan) -> Optional[TrainConfig]:
         """The model the global weights are evaluated as: that of this config (its widths, its slice of each
         tensor), or the whole model (None). A method whose devices all train one fixed slice (the small
-        model) is judged by that slice: the rest of the global tensors never leaves its initialisation."""
+        model) is judged by that slice: the rest of the global tensors never leaves its initialisation.
+        Asked at every evaluation: a method whose trained model moves over the run (ProFL) answers for now."""
         return None
 
     def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:

@@ -44,6 +44,7 @@ class ProFL(Strategy):
     def __init__(self, blocks: Optional[int] = None, H: int = 5, W: int = 3, phi: float = 0.01, window: int = 5):
         self.blocks, self.H, self.W, self.phi, self.window = blocks, H, W, phi, window
         self.current = 0                       # index into the plan's step order
+        self.last_trained: Optional[int] = None   # the step the last round trained (evaluation judges it)
         self.plan_: Optional[Plan] = None
         self.snapshots: deque = deque(maxlen=H + window + W - 1)   # all the last W slopes depend on
         self.keys: tuple[str, ...] = ()
@@ -59,6 +60,23 @@ class ProFL(Strategy):
             return None
         key = order[min(self.current, len(order) - 1)]
         return next((s for s in plan.groups[group].steps if s.rounds == key), None)
+
+    def evaluated_config(self, plan: Plan):
+        """The model the current step trains: the blocks up to its end and its output module, until a step
+        ends in the classifier (the last block, shrinking's first step and growing's last). Mid-schedule the
+        whole model is no model at all: its later blocks were trained (shrinking) on features that growing's
+        retraining of the earlier blocks has since replaced, and it scores at chance until growing reaches
+        the classifier. Asked at every evaluation, since the step moves online; a round that switched steps is
+        judged by the step it trained, not by the next one's untrained output module."""
+        order = self.order(plan)
+        if not order:
+            return None
+        step = self.current if self.last_trained is None else self.last_trained
+        key = order[min(step, len(order) - 1)]
+        configs = [s.config for g in plan.groups.values() if not g.excluded for s in g.steps if s.rounds == key]
+        if not configs or any(c.end == c.num_layers for c in configs):
+            return None
+        return max(configs, key=lambda c: c.end)
 
     def step_configs(self):
         key = self.order(self.plan_)[self.current]
@@ -86,6 +104,7 @@ class ProFL(Strategy):
     def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
         if self.plan_ is None or state is None or not self.order(self.plan_):
             return
+        self.last_trained = self.current
         self.observe(state)
         history = list(self.snapshots)
         d: dict[str, Any] = {"step": self.current, "step_label": self.step_configs()[0].label.split(":")[0]}

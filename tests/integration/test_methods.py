@@ -145,6 +145,36 @@ def test_profl_switches_steps_when_effective_movement_flattens(data):
     assert [r.decisions["step"] for r in records] == [0, 0, 0]
 
 
+def test_profl_is_judged_by_the_model_its_current_step_trains(data):
+    """Mid-schedule ProFL's whole model is no model (later blocks trained on features since replaced): each
+    evaluation judges the current step's blocks with their output module, and the whole model once a step
+    ends in the classifier."""
+    strategy = ProFL(H=1, W=1, phi=1e-3, window=2)          # switches every second round from round 3
+    plan, records, server = run(strategy, data, rounds=5, per_round=10)
+    assert records[-1].decisions["switched_to"] == records[-1].decisions["step"] + 1     # the last round switched
+    order = strategy.order(plan)
+    ends = []
+    trained = strategy.last_trained
+    assert trained == records[-1].decisions["step"]          # the step the last round trained, switch or not
+    judged_now = strategy.evaluated_config(plan)
+    for i in range(len(order)):
+        strategy.last_trained = i
+        judged = strategy.evaluated_config(plan)
+        configs = [s.config for g in plan.groups.values() for s in g.steps if s.rounds == order[i]]
+        if any(c.end == c.num_layers for c in configs):
+            assert judged is None
+        else:
+            assert judged.aux_head == "conv" and judged.end == max(c.end for c in configs) < judged.num_layers
+        ends.append(None if judged is None else judged.end)
+    assert ends[0] is None and ends[-1] is None and any(ends)       # shrinking starts, growing ends, in the classifier
+    strategy.last_trained = trained
+    judged = strategy.evaluated_config(plan)
+    assert judged == judged_now and judged is not None, "the run should end mid-schedule"
+    model = server.global_model()
+    assert len(model.layers) == judged.end and hasattr(model, "aux")
+    assert records[-1].accuracy == pytest.approx(server.evaluate()["accuracy"])
+
+
 def test_toa_reports_a_download_saving_and_still_trains(data):
     plan, records, server = run(get_strategy("fedolf"), data, rounds=4, per_round=10, toa=0.5)
     _, plain, _ = run(get_strategy("fedolf"), data, rounds=1, per_round=10)
