@@ -22,8 +22,9 @@ Needs:     edgefl pretrain -o PRETRAINED --steps 3000 --batch-size 32 --eval-eve
            (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation loss)
 Validate:  python bench/reproduce_caff.py --pretrained DIR --rounds 2 --methods caff,fedrolex \\
                --devices 12 --clients-per-round 3 --test-limit 200 -o /tmp/caff.json
-Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-blocks / --methods,
-           a re-run keeps the rows of the others when the settings match)
+Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-blocks / --methods:
+           a re-run keeps the rows of the others when the settings match; parallel parts written to their own
+           -o files are combined with --merge A.json B.json -o OUT.json)
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import run_method  # noqa: E402
-from reproduction import compare  # noqa: E402
+from reproduction import compare, energy_estimate  # noqa: E402
 
 from edgefl.cli.emulate_cmd import _pretrained_ref, _subset  # noqa: E402  (what `edgefl emulate --pretrained` does)
 from edgefl.coordinator import LoopSettings  # noqa: E402
@@ -96,9 +97,37 @@ def baseline_ref(strategy, fleet, pretrained: Path, train, settings: LoopSetting
     return admitted[depth][1], {str(d): n for d, (n, _) in admitted.items()}
 
 
+def summarise(result: dict) -> None:
+    """Each budget column's order and verdict, from its rows, and each row's energy estimate."""
+    for rows in result["methods"].values():
+        for row in rows.values():
+            if row.get("costs"):
+                row["energy_estimate"] = energy_estimate(row["costs"])
+    comparisons = {c: compare(rows, PAPER_ORDER) for c, rows in result["methods"].items()}
+    result["our_order"] = {c: v["our_order"] for c, v in comparisons.items()}
+    result["ties"] = {c: v["ties"] for c, v in comparisons.items()}
+    result["matches_paper_order"] = {c: v["matches_paper_order"] for c, v in comparisons.items()}
+
+
+def merge(paths: list[Path]) -> dict:
+    """Result files of one setting run in parallel (other columns or methods) as one."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    for path, part in zip(paths[1:], parts[1:]):
+        if part["settings"] != parts[0]["settings"] or part["pretrained"] != parts[0]["pretrained"]:
+            raise SystemExit(f"--merge: {path} has other settings or another pretrained set than {paths[0]}")
+    result = {**parts[0], "merged_from": [Path(p).name for p in paths], "methods": {}, "budgets_bytes": {}}
+    for part in parts:
+        result["budgets_bytes"].update(part["budgets_bytes"])
+        for column, rows in part["methods"].items():
+            result["methods"].setdefault(column, {}).update(rows)
+    summarise(result)
+    return result
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pretrained", type=Path, required=True, help="the set written by 'edgefl pretrain -o DIR'")
+    p.add_argument("--merge", type=Path, nargs="+", help="combine these result files (one setting) into -o and stop")
+    p.add_argument("--pretrained", type=Path, help="the set written by 'edgefl pretrain -o DIR'")
     p.add_argument("--rounds", type=int, default=75)
     p.add_argument("--methods", default=",".join(PAPER_ORDER))
     p.add_argument("--devices", type=int, default=100)
@@ -116,6 +145,13 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("-o", "--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    if args.merge:
+        result = merge(args.merge)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
+        return
+    if args.pretrained is None:
+        p.error("--pretrained DIR is required (the set 'edgefl pretrain -o DIR' wrote)")
     methods = args.methods.split(",")
     pretrained = require(methods, args.pretrained)
 
@@ -165,10 +201,7 @@ def main(argv=None) -> None:
                              initial=lambda model: load_pretrained(args.pretrained, model))
             row["devices_admitted_per_depth"] = admitted
             result["methods"].setdefault(column, {})[method] = row
-            comparisons = {c: compare(rows, PAPER_ORDER) for c, rows in result["methods"].items()}
-            result["our_order"] = {c: v["our_order"] for c, v in comparisons.items()}
-            result["ties"] = {c: v["ties"] for c, v in comparisons.items()}
-            result["matches_paper_order"] = {c: v["matches_paper_order"] for c, v in comparisons.items()}
+            summarise(result)
             result["load_after"] = os.getloadavg()
             args.output.parent.mkdir(parents=True, exist_ok=True)
             args.output.write_text(json.dumps(result, indent=2) + "\n")
