@@ -49,6 +49,9 @@ def run_method(method: str | Strategy, fleet: Fleet, ref: ModelRef, train, test,
              "training_flops": sum(r.flops for r in records),
              "device_rounds": sum(len(r.predicted_peak_bytes) for r in records),
              "max_predicted_peak_bytes_per_group": {g: max(v) for g, v in sorted(peaks.items())}}
-    return {"final": accuracies[-1], "best": max(accuracies), "curve": curve, "excluded": excluded,
-            "model": plan.model.label(), "notes": plan.notes, "wall_s": time.perf_counter() - start,
-            "seconds_per_round": sum(r.wall_s for r in records) / len(records), "costs": costs}
+    row = {"final": accuracies[-1], "best": max(accuracies), "curve": curve, "excluded": excluded,
+           "model": plan.model.label(), "notes": plan.notes, "wall_s": time.perf_counter() - start,
+           "seconds_per_round": sum(r.wall_s for r in records) / len(records), "costs": costs}
+    if any(r.decisions.get("step_label") for r in records):     # an online schedule (ProFL): which step each round trained
+        row["steps"] = [[r.round, r.decisions["step_label"]] for r in records if r.decisions.get("step_label")]
+    return row
