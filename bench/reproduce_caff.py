@@ -2,10 +2,15 @@
 
 CAFF (seed paper 001, sec. 4.1, Table 1): pretrained transformers of 3, 6, 9 and 12 layers, 100 devices, 10 per
 round, 75 rounds, each device training 8 batches of 32 per round, fine-tuned with AdamW at lr 1e-4 decayed to
-1e-6; every device has the same budget (Table 1 is homogeneous), one column per budget. Here the budgets are
-the predicted training peaks (edgefl's cost model, `--runtime`, batch 32, AdamW) of fine-tuning the last t
-blocks (and the output layer) of the deepest pretrained LM, t in `--budget-blocks` (default 1, 2, 4: a tight,
-a medium and a generous column). Methods under each budget, each starting from the set `edgefl pretrain`
+1e-6; every device has the same budget (Table 1 is homogeneous), one column per budget, and every method
+runs in every memory column (500 / 700 / 900 MB). Here the budgets keep both: column x is x times the least
+budget at which every method of the paper's order has a feasible plan at some depth (the least of each is
+recorded), x in `--budget-scale` (default 1, 1.4, 1.8: the paper's 500 : 700 : 900). Budgets are edgefl's
+predicted training peaks (cost model of `--runtime`, batch 32, AdamW). `--budget-blocks t,...` sets them
+instead to the predicted peaks of fine-tuning the last t blocks (and the output layer) of the deepest model:
+the first rule tried, under which Heterogeneous LoRA and FedHM fit no depth at t = 1, 2 (LoRA keeps every
+layer's activations for its backward pass, which CAFF's frozen prefix does not).
+Methods under each budget, each starting from the set `edgefl pretrain`
 wrote: CAFF (chooses among the depths, CAFF eq. 3), Heterogeneous LoRA (method `lora`), FedHM and FedRolex.
 A baseline picks its depth as CAFF's Table 1 does (the best of the set it can run): the depth whose plan
 admits the most devices, the deeper on a tie; each row records the depths and how many devices each admitted.
@@ -22,7 +27,7 @@ Needs:     edgefl pretrain -o PRETRAINED --steps 3000 --batch-size 32 --eval-eve
            (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation loss)
 Validate:  python bench/reproduce_caff.py --pretrained DIR --rounds 2 --methods caff,fedrolex \\
                --devices 12 --clients-per-round 3 --test-limit 200 -o /tmp/caff.json
-Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-blocks / --methods:
+Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-scale / --methods:
            a re-run keeps the rows of the others when the settings match; parallel parts written to their own
            -o files are combined with --merge A.json B.json -o OUT.json)
 """
@@ -80,6 +85,30 @@ def budget_for(ref, blocks: int, runtime: str, optimizer: str) -> int:
     return ctx.cost(ctx.config(frozen_prefix=ctx.num_layers - 1 - blocks), runtime).peak_memory_bytes
 
 
+def admits(method: str, budget: int, pretrained: Path, train, runtime: str, optimizer: str) -> bool:
+    """Some pretrained depth (CAFF: its own choice among them) has a plan that admits a device of `budget`."""
+    from edgefl.pretrain import available
+    strategy = get_strategy(method)
+    fleet = fleet_of(1, budget, runtime)
+    depths = [None] if method == "caff" else [[d] for d in sorted(available(pretrained))]
+    return any(not strategy.plan(PlanContext(fleet, _pretrained_ref(pretrained, d, train, strategy), batch_size=BATCH,
+                                             optimizer=optimizer)).groups["all"].excluded for d in depths)
+
+
+def least_budgets(methods: list[str], pretrained: Path, train, runtime: str, optimizer: str) -> dict[str, int]:
+    """Per method, the least memory budget (to a quarter MiB) at which it can run at all."""
+    out = {}
+    for method in methods:
+        lo, hi = 0, 2**34
+        if not admits(method, hi, pretrained, train, runtime, optimizer):
+            raise SystemExit(f"{method}: no pretrained depth fits even 16 GiB; check the set in {pretrained}")
+        while hi - lo > 2**18:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if admits(method, mid, pretrained, train, runtime, optimizer) else (mid, hi)
+        out[method] = hi
+    return out
+
+
 def fleet_of(devices: int, budget: int, runtime: str):
     return parse_fleet(f"fleet:\n  name: shakespeare\n  groups:\n    all: {{count: {devices}, "
                        f"memory_budget: {budget}B, runtime: {runtime}}}\n")
@@ -132,7 +161,10 @@ def main(argv=None) -> None:
     p.add_argument("--methods", default=",".join(PAPER_ORDER))
     p.add_argument("--devices", type=int, default=100)
     p.add_argument("--clients-per-round", type=int, default=10)
-    p.add_argument("--budget-blocks", default="1,2,4", help="one homogeneous budget per value (a Table 1 column)")
+    p.add_argument("--budget-scale", default="1,1.4,1.8",
+                   help="one homogeneous budget per value (a Table 1 column): that multiple of the least budget at which "
+                        "every method runs (Table 1's 500 / 700 / 900 MB, where every method runs in every column)")
+    p.add_argument("--budget-blocks", help="instead: the budgets of fine-tuning the last t blocks of the deepest model")
     p.add_argument("--runtime", default="ort")
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     p.add_argument("--lr", type=float, default=1e-4)
@@ -173,7 +205,9 @@ def main(argv=None) -> None:
                 "windows_per_device": args.windows_per_device, "runtime": args.runtime, "optimizer": args.optimizer,
                 "optimizer_hyperparameters": "torch defaults: betas (0.9, 0.999), weight decay 0.01" if args.optimizer == "adamw"
                 else "momentum 0.9, weight decay 1e-5", "lr": args.lr, "lr_final": args.lr_final, "batch_size": BATCH,
-                "local_epochs": 1, "test_windows": len(test.y), "deepest": deepest.label(), "seed": SEED}
+                "local_epochs": 1, "test_windows": len(test.y), "deepest": deepest.label(), "seed": SEED,
+                "budget_rule": "last t blocks of the deepest model" if args.budget_blocks else
+                "multiples of the least budget at which every method of the paper's order runs"}
     result = {"paper": PAPER, "settings": settings, "paper_order": PAPER_ORDER,
               "pretrained": {"depths": depths, "held_out_loss_strictly_decreasing_with_depth":
                              all(a > b for a, b in zip(losses, losses[1:]))},
@@ -184,9 +218,15 @@ def main(argv=None) -> None:
             result["methods"], result["budgets_bytes"] = old["methods"], old["budgets_bytes"]
 
     from edgefl.pretrain import load_pretrained
-    for blocks in [int(t) for t in args.budget_blocks.split(",")]:
-        column = f"last {blocks} blocks"
-        budget = budget_for(deepest, blocks, args.runtime, args.optimizer)
+    if args.budget_blocks:
+        columns = {f"last {t} blocks": budget_for(deepest, int(t), args.runtime, args.optimizer)
+                   for t in args.budget_blocks.split(",")}
+    else:
+        least = least_budgets(PAPER_ORDER, args.pretrained, train, args.runtime, args.optimizer)
+        result["least_budget_bytes"] = least
+        common = max(least.values())
+        columns = {f"x{float(x):g} of {common / 2**20:.1f} MiB": int(float(x) * common) for x in args.budget_scale.split(",")}
+    for column, budget in columns.items():
         result["budgets_bytes"][column] = budget
         fleet = fleet_of(args.devices, budget, args.runtime)
         for method in methods:
