@@ -126,6 +126,32 @@ def baseline_ref(strategy, fleet, pretrained: Path, train, settings: LoopSetting
     return admitted[depth][1], {str(d): n for d, (n, _) in admitted.items()}
 
 
+def start_accuracies(result: dict, pretrained: Path, train, test, device: str = "cpu") -> None:
+    """Each row's `start`: the test accuracy of the pretrained model at the depth the method trained, before
+    any round (every method's global model starts as it: LoRA's adapters and FedHM's factors add nothing
+    yet), so a row shows what fine-tuning added."""
+    import re
+
+    from edgefl.cli.emulation import torch_trainer
+    from edgefl.pretrain import load_pretrained
+    from edgefl.trainconfig import TrainConfig
+    from edgefl.zoo import build
+    found: dict[int, float] = {}
+    for rows in result["methods"].values():
+        for row in rows.values():
+            depth = re.search(r"layers=(\d+)", row.get("model") or "")
+            if depth is None or row.get("start") is not None:
+                continue
+            d = int(depth.group(1))
+            if d not in found:
+                ref = _pretrained_ref(pretrained, [d], train, get_strategy("fedrolex"))
+                model = build(ref)
+                model.load_state_dict(load_pretrained(pretrained, ref))
+                found[d] = torch_trainer(ref, device).evaluate(model, TrainConfig(num_layers=len(model.layers)),
+                                                               test.x, test.y)["accuracy"]
+            row["start"] = found[d]
+
+
 def summarise(result: dict) -> None:
     """Each budget column's order and verdict, from its rows, and each row's energy estimate."""
     for rows in result["methods"].values():
@@ -155,7 +181,8 @@ def merge(paths: list[Path]) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--merge", type=Path, nargs="+", help="combine these result files (one setting) into -o and stop")
+    p.add_argument("--merge", type=Path, nargs="+", help="combine these result files (one setting) into -o and stop "
+                   "(with --pretrained: add the start accuracies rows lack)")
     p.add_argument("--pretrained", type=Path, help="the set written by 'edgefl pretrain -o DIR'")
     p.add_argument("--rounds", type=int, default=75)
     p.add_argument("--methods", default=",".join(PAPER_ORDER))
@@ -179,6 +206,10 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.merge:
         result = merge(args.merge)
+        if args.pretrained is not None:
+            start_accuracies(result, args.pretrained, load_dataset("shakespeare", split="train"),
+                             _subset(load_dataset("shakespeare", split="test"), result["settings"]["test_windows"],
+                                     SEED + 1), args.device)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
         return
@@ -241,6 +272,7 @@ def main(argv=None) -> None:
                              initial=lambda model: load_pretrained(args.pretrained, model))
             row["devices_admitted_per_depth"] = admitted
             result["methods"].setdefault(column, {})[method] = row
+            start_accuracies(result, args.pretrained, train, test, args.device)
             summarise(result)
             result["load_after"] = os.getloadavg()
             args.output.parent.mkdir(parents=True, exist_ok=True)

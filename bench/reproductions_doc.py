@@ -20,8 +20,8 @@ RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- results:(\w+) -->\n).*?(<!-- /results -->)", re.S)
 
 
-def pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}"
+def pct(x, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}"
 
 
 def mib(n) -> str:
@@ -84,8 +84,8 @@ def render_study(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_caff() -> str:
-    path = RESULTS / "reproduce_caff.json"
+def render_caff(name: str = "caff") -> str:
+    path = RESULTS / f"reproduce_{name}.json"
     r = json.loads(path.read_text())
     if "settings" not in r:
         return "No result of the Table 1 setting yet: run `python bench/reproduce_caff.py --pretrained DIR`.\n"
@@ -101,21 +101,23 @@ def render_caff() -> str:
               + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]
     s = r["settings"]
     for rank, (column, rows) in enumerate(sorted(r["methods"].items(), key=lambda kv: r["budgets_bytes"][kv[0]])):
-        lines += [f"Budget: fine-tuning the {column} of the deepest model ({mib(r['budgets_bytes'][column])}, {s['runtime']}); "
+        what = (f"fine-tuning the {column} of the deepest model" if column.startswith("last ")
+                else f"{column}, the least at which every method runs")
+        lines += [f"Budget: {what} ({mib(r['budgets_bytes'][column])}, {s['runtime']}); "
                   f"{s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
                   f"{s['optimizer']} lr {s['lr']:g} -> {s['lr_final']:g}.", "",
-                  "| method | paper | model it trained | ours, final | ours, best | devices admitted per depth "
+                  "| method | paper | model it trained | ours, start | ours, final | ours, best | devices admitted per depth "
                   "| upload | energy est. (kJ) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|"]
         paper = paper_column(r["paper"]["accuracy"], rank)
         for m in r["paper_order"]:
             row = rows.get(m)
             if row is None:
-                lines.append(f"| {m} | {paper.get(m, '')} | not run yet | | | | | |")
+                lines.append(f"| {m} | {paper.get(m, '')} | not run yet | | | | | | |")
                 continue
             depth = re.search(r"layers=(\d+)", row.get("model") or "")
             lines.append(f"| {m} | {paper.get(m, '')} | {depth.group(1) + ' layers' if depth else 'none fits'} | "
-                         f"{pct(row['final'])} | {pct(row['best'])} | {row.get('devices_admitted_per_depth') or ''} | "
+                         f"{pct(row.get('start'), 2)} | {pct(row['final'], 2)} | {pct(row['best'], 2)} | {row.get('devices_admitted_per_depth') or ''} | "
                          f"{row.get('costs', {}).get('upload_bytes', 0) / 1e6:.0f} MB | {kj(row, 'total_j')} |")
         lines += ["", f"Ours: {' > '.join(r['our_order'][column])}; matches the paper's "
                   f"{' > '.join(r['paper_order'])}: {verdict(r['matches_paper_order'][column])}.", ""]
@@ -143,7 +145,7 @@ def render_slt() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"slt": render_slt, "caff": render_caff, **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
+RENDER = {"slt": render_slt, "caff": render_caff, "caff_block_budgets": lambda: render_caff("caff_block_budgets"), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
 
 
 def main() -> None:
