@@ -10,10 +10,10 @@ windows of `context` + 1 tokens; the loss is next-token cross-entropy at every p
 trainer fine-tunes. The corpus's last `holdout` share is never trained on. Its first half is the
 validation text, its second half the test text: the mean loss over (up to `eval_windows` of) the test text's
 non-overlapping windows is the held-out loss reported. With `eval_every` > 0 the validation loss is measured
-every that many steps and the model kept is the checkpoint where it was lowest (early stopping: the corpus is
-small, so a deep model overfits it long before a CPU budget of steps runs out, where CAFF's models see their
-corpus once); with `patience` > 0 training stops after that many measurements without a new best. The test
-text is never used to choose, so the reported loss is not chosen on.
+every that many steps and the model kept is the checkpoint where it was lowest (early stopping: on a corpus
+this small a long run can overfit, where CAFF's models see theirs once); with `patience` > 0 training stops
+after that many measurements without a new best. The test text is never used to choose, so the reported loss
+is not chosen on.
 
 Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
 the model as a ModelRef, the vocabulary, the corpus, the settings, and the measured losses and seconds).
