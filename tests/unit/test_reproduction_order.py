@@ -34,3 +34,16 @@ def test_ties_are_named_and_a_missing_method_gives_no_verdict():
     assert result["ties"] == [["a", "b"]]
     partial = compare({"a": {"final": 0.8}, "b": {"final": None}, "c": {"final": 0.6}}, PAPER)
     assert partial["our_order"] == ["a", "c"] and partial["matches_paper_order"] is None
+
+
+def test_energy_estimate_is_the_profiles_active_power_over_compute_and_transfer_time():
+    from edgefl.hardware import load_profile
+    from reproduction import energy_estimate
+
+    p = load_profile("android-mid")
+    costs = {"training_flops": 3e12, "download_bytes": 50_000_000, "upload_bytes": 25_000_000}
+    e = energy_estimate(costs, "android-mid")
+    assert e["computation_j"] == pytest.approx(3e12 / p.sustained_flops * p.power_active_w)
+    assert e["communication_j"] == pytest.approx(8 * 75_000_000 / p.uplink_bits_per_s * p.power_active_w)
+    assert e["total_j"] == pytest.approx(e["computation_j"] + e["communication_j"]) and e["profile"] == "android-mid"
+    assert energy_estimate({**costs, "training_flops": 6e12})["computation_j"] == pytest.approx(2 * e["computation_j"])
