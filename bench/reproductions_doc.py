@@ -84,21 +84,22 @@ def render_study(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_caff(name: str = "caff") -> str:
+def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     path = RESULTS / f"reproduce_{name}.json"
     r = json.loads(path.read_text())
     if "settings" not in r:
         return "No result of the Table 1 setting yet: run `python bench/reproduce_caff.py --pretrained DIR`.\n"
-    lines = ["Pretrained set (next-character loss, lower is better; the checkpoint kept is the one of lowest "
+    lines = [] if not pretrained_table else ["Pretrained set (next-character loss, lower is better; the checkpoint kept is the one of lowest "
              "validation loss, the held-out loss is on text the choice never saw):", "",
              "| depth | steps | batch | checkpoint kept | validation loss | held-out loss | train loss |",
              "|---|---|---|---|---|---|---|"]
-    for depth, d in r["pretrained"]["depths"].items():
+    for depth, d in r["pretrained"]["depths"].items() if pretrained_table else ():
         validation = f"{d['validation_loss']:.3f}" if d.get("validation_loss") is not None else "n/a"
         lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d.get('best_step') or 'last'} | {validation} | "
                      f"{d['held_out_loss']:.3f} | {d['train_loss']:.3f} |")
-    lines += ["", "Held-out loss strictly decreasing with depth: "
-              + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]
+    if pretrained_table:
+        lines += ["", "Held-out loss strictly decreasing with depth: "
+                  + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]
     s = r["settings"]
     for rank, (column, rows) in enumerate(sorted(r["methods"].items(), key=lambda kv: r["budgets_bytes"][kv[0]])):
         what = (f"fine-tuning the {column} of the deepest model" if column.startswith("last ")
@@ -145,7 +146,7 @@ def render_slt() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"slt": render_slt, "caff": render_caff, "caff_block_budgets": lambda: render_caff("caff_block_budgets"), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
+RENDER = {"slt": render_slt, "caff": render_caff, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
 
 
 def main() -> None:
