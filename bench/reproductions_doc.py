@@ -103,7 +103,7 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     s = r["settings"]
     for rank, (column, rows) in enumerate(sorted(r["methods"].items(), key=lambda kv: r["budgets_bytes"][kv[0]])):
         what = (f"fine-tuning the {column} of the deepest model" if column.startswith("last ")
-                else f"{column}, the least at which every method runs")
+                else "{} times {}, the least budget at which every method runs".format(*column.lstrip("x").split(" of ")))
         lines += [f"Budget: {what} ({mib(r['budgets_bytes'][column])}, {s['runtime']}); "
                   f"{s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
                   f"{s['optimizer']} lr {s['lr']:g} -> {s['lr_final']:g}.", "",
