@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import run_method  # noqa: E402
-from reproduction import compare, energy_estimate  # noqa: E402
+from reproduction import add_energy, compare  # noqa: E402
 
 from edgefl.cli.emulate_cmd import _pretrained_ref, _subset  # noqa: E402  (what `edgefl emulate --pretrained` does)
 from edgefl.coordinator import LoopSettings  # noqa: E402
@@ -155,9 +155,7 @@ def start_accuracies(result: dict, pretrained: Path, train, test, device: str = 
 def summarise(result: dict) -> None:
     """Each budget column's order and verdict, from its rows, and each row's energy estimate."""
     for rows in result["methods"].values():
-        for row in rows.values():
-            if row.get("costs"):
-                row["energy_estimate"] = energy_estimate(row["costs"])
+        add_energy(rows)
     comparisons = {c: compare(rows, PAPER_ORDER) for c, rows in result["methods"].items()}
     result["our_order"] = {c: v["our_order"] for c, v in comparisons.items()}
     result["ties"] = {c: v["ties"] for c, v in comparisons.items()}

@@ -71,6 +71,13 @@ def energy_estimate(costs: dict, profile_name: str = ENERGY_PROFILE) -> dict:
             "total_j": (compute_s + transfer_s) * profile.power_active_w}
 
 
+def add_energy(rows: dict) -> None:
+    """Each row that recorded its costs gets its energy estimate."""
+    for row in rows.values():
+        if row.get("costs"):
+            row["energy_estimate"] = energy_estimate(row["costs"])
+
+
 def group_fleet(name: str, groups: list[tuple[str, int, int]], runtime: str) -> Fleet:
     """Groups (name, devices, memory budget in bytes) of one runtime."""
     lines = [f"    {g}: {{count: {n}, memory_budget: {int(b)}B, runtime: {runtime}}}" for g, n, b in groups]
@@ -124,9 +131,7 @@ def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
 
 def summarise(result: dict, paper_order: list[str]) -> None:
     result.update(compare(result["methods"], paper_order))
-    for row in result["methods"].values():
-        if row.get("costs"):
-            row["energy_estimate"] = energy_estimate(row["costs"])
+    add_energy(result["methods"])
     ceilings = [r for r in result["methods"].values() if r.get("ceiling") and r.get("final") is not None]
     result["ceiling_final"] = ceilings[0]["final"] if ceilings else None
 

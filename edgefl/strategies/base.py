@@ -126,6 +126,15 @@ class Strategy:
                     optimizer=ctx.optimizer, local_epochs=ctx.local_epochs, groups=groups, notes=list(notes))
 
 
+def deepest_trained(configs: Sequence[TrainConfig]) -> Optional[TrainConfig]:
+    """The model to judge a method by when its devices train `configs`: the whole model (None) once one of
+    them reaches the classifier; else the deepest of them, judged by its exit there (layers and classifier no
+    device reaches keep their initial weights, so the whole model would be judged by a random classifier)."""
+    if not configs or any(c.end == c.num_layers for c in configs):
+        return None
+    return max(configs, key=lambda c: c.end)
+
+
 def group_plan(ctx: PlanContext, group: Group, steps: Sequence[Step], cheapest: Sequence[TrainConfig],
                flags: Sequence[str] = (), reason: str = "") -> GroupPlan:
     """A group's plan. `cheapest`: the least demanding configs the method could give this group; the

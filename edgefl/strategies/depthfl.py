@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Optional
 
 from edgefl.plan import GroupPlan, Plan, Step
-from edgefl.strategies.base import PerGroupStrategy, PlanContext
+from edgefl.strategies.base import PerGroupStrategy, PlanContext, deepest_trained
 from edgefl.trainconfig import TrainConfig
 
 
@@ -39,10 +39,5 @@ class DepthFL(PerGroupStrategy):
         return {"exits": exits, "distill": self.distill} if exits else {}
 
     def evaluated_config(self, plan: Plan) -> Optional[TrainConfig]:
-        """The full model when some group trains it; else the deepest depth any group trains, judged by its
-        exit there. Layers and classifier no device reaches keep their initial weights: the full model
-        would be judged by a random classifier."""
-        configs = [s.config for g in plan.groups.values() if not g.excluded for s in g.steps]
-        if not configs or any(c.end == c.num_layers for c in configs):
-            return None
-        return max(configs, key=lambda c: c.end)
+        """The full model when some group trains it; else the deepest depth any group trains."""
+        return deepest_trained([s.config for g in plan.groups.values() if not g.excluded for s in g.steps])

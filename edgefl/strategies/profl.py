@@ -25,7 +25,7 @@ import numpy as np
 
 from edgefl.plan import Plan, Step
 from edgefl.progress import movement_series, should_freeze, slopes
-from edgefl.strategies.base import PlanContext, Strategy, group_plan
+from edgefl.strategies.base import PlanContext, Strategy, deepest_trained, group_plan
 from edgefl.strategies.slt import round_schedule
 
 
@@ -68,19 +68,17 @@ class ProFL(Strategy):
         retraining of the earlier blocks has since replaced, and it scores at chance until growing reaches
         the classifier. Asked at every evaluation, since the step moves online; a round that switched steps is
         judged by the step it trained, not by the next one's untrained output module."""
-        order = self.order(plan)
-        if not order:
+        if not self.order(plan):
             return None
         step = self.current if self.last_trained is None else self.last_trained
-        key = order[min(step, len(order) - 1)]
-        configs = [s.config for g in plan.groups.values() if not g.excluded for s in g.steps if s.rounds == key]
-        if not configs or any(c.end == c.num_layers for c in configs):
-            return None
-        return max(configs, key=lambda c: c.end)
+        return deepest_trained([s.config for s in self.step_configs(plan, step)])
 
-    def step_configs(self):
-        key = self.order(self.plan_)[self.current]
-        return [s for g in self.plan_.groups.values() for s in g.steps if s.rounds == key]
+    def step_configs(self, plan: Optional[Plan] = None, step: Optional[int] = None) -> list[Step]:
+        """Every group's step `step` (default: the current one) of `plan` (default: the one being run)."""
+        plan = plan or self.plan_
+        order = self.order(plan)
+        key = order[min(self.current if step is None else step, len(order) - 1)]
+        return [s for g in plan.groups.values() for s in g.steps if s.rounds == key]
 
     def tracked(self, state: Mapping[str, Any]) -> tuple[str, ...]:
         """Parameters of the block the current step trains (its output modules' if no group trains it)."""
