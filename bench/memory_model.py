@@ -20,9 +20,12 @@ Writes bench/results/memory_model.json. `--fit` fits the torch runtime's constan
 as an upper bound ("a plan is a promise", edgefl.upper_bound) on every peak measured here (baseline: the
 torch import RSS measured here, plus the measured growth) and on the torch rows of
 bench/results/artifact_memory.json (`edgefl-device train` on exported torch sets, its evaluation included):
-every peak predicted >= measured + max(2%, 1 MiB); the result has measured / predicted per model family and
-leave-one-family-out (fitted on the other families, checked on the held-out one). `--refit` fits the rows of
-an earlier output without measuring again.
+every peak predicted >= measured + max(2%, 1 MiB). The loops measured here are bare training loops, the
+device rows device processes: the fixed term covers the loops, and the device process's own bytes and the
+weight copies its artifact loading holds are fitted on the device rows on top (RuntimeConstants.device_bytes,
+PeakTerms.device). The result has measured / predicted per model family and where, and leave-one-family-out
+(fitted on the other families, checked on the held-out one, loops and devices apart). `--refit` fits the rows
+of an earlier output without measuring again.
 """
 from __future__ import annotations
 
@@ -123,7 +126,9 @@ def peak_points(rows: list[dict], import_rss: int, store: ProfileStore) -> list[
     for p in points:
         config, ref = TrainConfig.from_json(p["config"]), ModelRef.from_json(p["ref"])
         profile = store.profile(ref, None if config.head_width == 1 else config.widths)
-        p["terms"] = cost(profile, config, "torch", constants=DEFAULTS["torch"]).terms
+        # a training loop here, a device process there (RuntimeConstants.device_bytes tells them apart)
+        p["terms"] = replace(cost(profile, config, "torch", constants=DEFAULTS["torch"]).terms,
+                             device=p["where"] == "device")
     return points
 
 
@@ -158,10 +163,15 @@ def fit_summary(points: list[dict], import_rss: int) -> dict:
                     out[key][f"{name}/{where}"] = {"peaks": len(got), "measured_over_predicted_min": min(got),
                                                    "measured_over_predicted_max": max(got)}
         k = replace(fit(points, import_rss, exclude=name), families=())
-        got = [p["peak"] / p["terms"].peak(k) for p in points if family(p["model"]) == name]
+        held = [p for p in points if family(p["model"]) == name]
+        got = [p["peak"] / p["terms"].peak(k) for p in held]
         out["leave_one_family_out"][f"held_out_{name}"] = {
             "constants": {f: getattr(k, f) for f in FITTED},
-            "measured_over_predicted_min": min(got), "measured_over_predicted_max": max(got)}
+            "measured_over_predicted_min": min(got), "measured_over_predicted_max": max(got),
+            **{where: {"peaks": len(mine), "measured_over_predicted_min": min(mine),
+                       "measured_over_predicted_max": max(mine)}
+               for where in ("emulation", "device")
+               if (mine := [g for g, p in zip(got, held) if p["where"] == where])}}
     ratios = [p["ratio"] for p in points]
     out["measured_over_predicted_min"], out["measured_over_predicted_max"] = min(ratios), max(ratios)
     for p in points:

@@ -7,7 +7,8 @@ activation share of a frozen prefix; plus what a real process adds):
     training_bytes = weights(frozen + trained) + gradients(trained) + optimizer state
                      + activations kept for the trained layers + workspace
     workspace = workspace_fixed + input batch
-                + trained_weight_copies * trained weights + frozen_weight_copies * frozen weights
+                + device + trained_weight_copies * trained weights + frozen_weight_copies * frozen weights
+                  (what a device process adds over a bare training loop: its evaluation, the artifact it loads)
                 + max(0, workspace_factor * step_peak - activations - gradients)
 
 `Cost.terms` (PeakTerms) states that peak as a function of the runtime constants: what `edgefl calibrate`
@@ -186,8 +187,10 @@ class PeakTerms:
     """A config's peak memory as a function of a runtime's constants k (module doc; `k.for_model` of the
     config's model):
 
-        peak = k.baseline_bytes + k.workspace_fixed_bytes + floor + k.trained_weight_copies * trained_param_bytes
-               + k.frozen_weight_copies * frozen_bytes + copies * max(0, k.workspace_factor * step_peak_bytes - kept_bytes)
+        peak = k.baseline_bytes + k.workspace_fixed_bytes + floor
+               + [k.device_bytes + k.trained_weight_copies * trained_param_bytes
+                  + k.frozen_weight_copies * frozen_bytes, in a device process]
+               + copies * max(0, k.workspace_factor * step_peak_bytes - kept_bytes)
 
     `floor`: weights, gradients, optimizer state, kept activations and the input batch; `kept_bytes`: what the
     step holds anyway (kept activations and gradients of one copy). `step_peak_bytes` is taken at the
@@ -198,11 +201,16 @@ class PeakTerms:
     step_peak_bytes: int
     kept_bytes: int
     copies: int = 1
+    # a device process (the default: what plans promise); False for a bare training loop of the config, which
+    # bench/memory_model.py measures beside the device rows (RuntimeConstants.device_bytes)
+    device: bool = True
 
     def workspace(self, k: RuntimeConstants) -> int:
         """The peak above the floor and the baseline."""
-        return int(k.workspace_fixed_bytes + k.trained_weight_copies * self.trained_param_bytes
-                   + k.frozen_weight_copies * self.frozen_bytes
+        # a bare training loop neither loads an artifact (the weight copies) nor evaluates (the device bytes)
+        device = (k.device_bytes + k.trained_weight_copies * self.trained_param_bytes
+                  + k.frozen_weight_copies * self.frozen_bytes) if self.device else 0
+        return int(k.workspace_fixed_bytes + device
                    + self.copies * max(0, int(k.workspace_factor * self.step_peak_bytes) - self.kept_bytes))
 
     def peak(self, k: RuntimeConstants) -> int:

@@ -2,13 +2,16 @@
 
 A peak is linear in the constants but for the workspace factor (edgefl.cost.PeakTerms):
 
-    predicted = baseline + F + floor + t * trained + f * frozen + copies * max(0, c * step_peak - kept)
+    predicted = baseline + F + floor + [D + t * trained + f * frozen, on a device]
+                + copies * max(0, c * step_peak - kept)
 
 For every (c, t, f) on a grid, F is the least fixed term that covers every sample with its margin,
 predicted >= measured + max(`fraction` of it, `at_least` bytes); the kept (c, t, f, F) maximises the
-smallest measured / predicted (the tightest band under 1), then the mean squared slack. A grid of one
-value keeps that constant: `edgefl calibrate` refits only F on a served run's few configs, keeping the
-shape the memory benchmarks fitted on many.
+smallest measured / predicted (the tightest band under 1), then the mean squared slack. Where samples of
+bare training loops stand beside device samples (PeakTerms.device), F covers the loops and D, the device
+process's own bytes, is the least that covers the device samples on top (with the weight copies t and f,
+which only a device process holds); with device samples alone D is the base's and F covers the rest. A grid of one value keeps that constant: `edgefl calibrate` refits only F
+on a served run's few configs, keeping the shape the memory benchmarks fitted on many.
 
 numpy only: the planner and `edgefl calibrate` run it without torch.
 """
@@ -61,25 +64,32 @@ def fit_upper_bound(terms: Sequence[PeakTerms], measured: Sequence[int], base: R
     step = np.asarray([t.step_peak_bytes for t in terms], dtype=np.float64)
     kept = np.asarray([t.kept_bytes for t in terms], dtype=np.float64)
     copies = np.asarray([t.copies for t in terms], dtype=np.float64)
+    device = np.asarray([t.device for t in terms], dtype=bool)
     ts = np.asarray(trained_copies if trained_copies is not None else [base.trained_weight_copies])
     fs = np.asarray(frozen_copies if frozen_copies is not None else [base.frozen_weight_copies])
-    linear = floor + ts[:, None, None] * trained + fs[None, :, None] * frozen           # (t, f, samples)
+    linear = floor + (ts[:, None, None] * trained + fs[None, :, None] * frozen) * device   # (t, f, samples)
     best = None
     for c in (factors if factors is not None else [base.workspace_factor]):
         rest = linear + copies * np.maximum(0.0, np.floor(c * step) - kept)
-        fixed = np.maximum(0.0, np.ceil((need - rest).max(axis=-1)))                    # (t, f)
-        ratio = m / (rest + fixed[..., None])
+        gap = need - rest
+        if device.all() or not device.any():     # D is not learnt: the base's, on device samples
+            dev = np.full(gap.shape[:2], float(base.device_bytes))
+            fixed = np.maximum(0.0, np.ceil((gap - dev[..., None] * device).max(axis=-1)))   # (t, f)
+        else:
+            fixed = np.maximum(0.0, np.ceil(gap[..., ~device].max(axis=-1)))
+            dev = np.maximum(0.0, np.ceil(gap[..., device].max(axis=-1)) - fixed)
+        ratio = m / (rest + fixed[..., None] + dev[..., None] * device)
         score = ratio.min(axis=-1) - 1e-3 * ((1.0 - ratio) ** 2).mean(axis=-1)
         i = np.unravel_index(int(np.argmax(score)), score.shape)
         if best is None or score[i] > best[0]:
-            best = (score[i], float(c), float(ts[i[0]]), float(fs[i[1]]), int(fixed[i]))
-    _, c, t, f, fixed = best
+            best = (score[i], float(c), float(ts[i[0]]), float(fs[i[1]]), int(fixed[i]), int(dev[i]))
+    _, c, t, f, fixed, dev = best
     constants = replace(base, workspace_fixed_bytes=fixed, workspace_factor=c, trained_weight_copies=t,
-                        frozen_weight_copies=f, source=source or base.source)
+                        frozen_weight_copies=f, device_bytes=dev, source=source or base.source)
     return Fit(constants, tuple(float(x) / p for x, p in zip(m, predict(terms, constants), strict=True)))
 
 
-FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies")
+FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies", "device_bytes")
 
 
 def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants, *,
@@ -91,7 +101,11 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
     per = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
            for name, (terms, measured) in sorted(peaks.items())}
     n = sum(len(m) for _, m in peaks.values())
-    constants = replace(base, families=(), **{f: max(getattr(k, f) for k in per.values()) for f in FITTED},
+    largest = {f: max(getattr(k, f) for k in per.values()) for f in FITTED}
+    # a device's fixed bytes are F + D: the largest total any family needed, not the largest F plus the largest D
+    largest["device_bytes"] = max(k.workspace_fixed_bytes + k.device_bytes for k in per.values()) \
+        - largest["workspace_fixed_bytes"]
+    constants = replace(base, families=(), **largest,
                         source=source or f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES >> 20} MiB) per family "
                                          f"on {n} measured peaks of {', '.join(per)}; other models: each term the "
                                          "largest of theirs")

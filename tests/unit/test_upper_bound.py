@@ -1,0 +1,72 @@
+from dataclasses import replace
+
+import pytest
+
+from edgefl.calibration import RuntimeConstants
+from edgefl.cost import PeakTerms
+from edgefl.upper_bound import fit_families, fit_upper_bound, grid
+
+MiB = 2**20
+BASE = RuntimeConstants(100 * MiB, 0, 1.0, "test", trained_weight_copies=0.0, frozen_weight_copies=0.0)
+
+
+def _terms(floor_mib, trained_mib, device):
+    return PeakTerms(floor=floor_mib * MiB, trained_param_bytes=trained_mib * MiB, frozen_bytes=0,
+                     step_peak_bytes=0, kept_bytes=0, device=device)
+
+
+def _family(loop_fixed_mib, device_mib, copies):
+    """Bare loops of floors 10..50 MiB, and the same configs in a device process that adds `device_mib` and
+    `copies` of the trained weights (what loading the artifact holds)."""
+    loops = [_terms(f, f // 10, False) for f in range(10, 60, 10)]
+    devices = [replace(t, device=True) for t in loops]
+    measured = ([100 * MiB + t.floor + loop_fixed_mib * MiB for t in loops]
+                + [100 * MiB + t.floor + (loop_fixed_mib + device_mib) * MiB + int(copies * t.trained_param_bytes)
+                   for t in devices])
+    return loops + devices, measured
+
+
+def test_a_device_process_is_priced_above_the_bare_loop_by_what_it_adds():
+    terms, measured = _family(30, 20, 1.0)
+    fit = fit_upper_bound(terms, measured, BASE, trained_copies=grid(2.0, 0.5))
+    k = fit.constants
+    # the loops set the fixed term (30 MiB and the largest loop's 2% margin), the device rows the device bytes
+    # (20 MiB, and the margin of a device peak over a loop's) and the weight copies on top
+    assert k.trained_weight_copies == 1.0
+    assert 30 * MiB + 0.02 * max(measured[:5]) <= k.workspace_fixed_bytes < 30 * MiB + 0.02 * max(measured[:5]) + 1
+    assert 20 * MiB < k.device_bytes < 21 * MiB
+    assert max(fit.ratios) <= 1 / 1.02 + 1e-9           # every peak covered, with its margin
+    assert min(fit.ratios) > 0.97                        # a loop is not priced as a device
+    loop, device = terms[0], terms[5]
+    assert device.peak(k) - loop.peak(k) == k.device_bytes + int(k.trained_weight_copies * device.trained_param_bytes)
+
+
+def test_device_rows_alone_keep_the_device_bytes_they_were_given():
+    terms, measured = _family(30, 20, 0.0)
+    devices, peaks = terms[5:], measured[5:]
+    fit = fit_upper_bound(devices, peaks, replace(BASE, device_bytes=8 * MiB))
+    assert fit.constants.device_bytes == 8 * MiB
+    assert max(fit.ratios) <= 1 / 1.02 + 1e-9
+    # the fixed term took the rest: 50 MiB in all, and the largest peak's margin
+    assert fit.constants.workspace_fixed_bytes + 8 * MiB == pytest.approx(50 * MiB + 0.02 * max(peaks), abs=1)
+
+
+def test_a_new_family_gets_the_largest_device_total_not_the_largest_of_each_part():
+    a = _family(40, 5, 0.0)      # a heavy loop, a light device process
+    b = _family(20, 30, 0.0)     # the other way round
+    k = fit_families({"cnn": a, "vit": b}, BASE)
+    cnn, vit = k.for_model("cnn"), k.for_model("vit")
+    assert k.workspace_fixed_bytes == max(cnn.workspace_fixed_bytes, vit.workspace_fixed_bytes)
+    assert (k.workspace_fixed_bytes + k.device_bytes
+            == max(c.workspace_fixed_bytes + c.device_bytes for c in (cnn, vit)))
+    # each family's own terms come back whole, device bytes included
+    assert vit.device_bytes > cnn.device_bytes > 0
+
+
+def test_a_family_entry_without_device_bytes_holds_them_in_its_fixed_term():
+    older = replace(BASE, device_bytes=7 * MiB, families=(("cnn", 50 * MiB, 1.0, 0.0, 0.0),))
+    assert older.for_model("cnn").device_bytes == 0
+    assert older.for_model("cnn").workspace_fixed_bytes == 50 * MiB
+    newer = older.with_family("cnn", 40 * MiB, 1.0, 0.0, 0.0, 10 * MiB)
+    assert newer.for_model("cnn").device_bytes == 10 * MiB
+    assert newer.for_model("vit").device_bytes == 7 * MiB      # another family: the generic terms
