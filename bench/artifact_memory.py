@@ -224,7 +224,7 @@ def fit_families(rows: list[dict], store: ProfileStore, baseline: int, runtime: 
         peaks[name] = (row_terms(mine, store, runtime), [r["peak_rss_bytes"] for r in mine])
     return upper_bound.fit_families(peaks, replace(DEFAULTS[runtime], baseline_bytes=baseline),
                                     factors=grid(MAX_FACTOR[runtime], 0.01), trained_copies=TRAINED_COPIES,
-                                    frozen_copies=FROZEN_COPIES)
+                                    frozen_copies=FROZEN_COPIES, learn_hidden=True)
 
 
 def predict_rows(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants) -> list[int]:

@@ -90,7 +90,7 @@ def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConst
                                      f"{MARGIN_BYTES >> 20} MiB) on {len(rows)} measured device peaks{where}")
         new = fit.constants.workspace_fixed_bytes
         placed = (base[runtime].with_family(model, new, old.workspace_factor, old.trained_weight_copies,
-                                            old.frozen_weight_copies, old.device_bytes)
+                                            old.frozen_weight_copies, old.device_bytes, old.hidden_bytes)
                   if any(f[0] == family(model) for f in base[runtime].families)
                   else replace(base[runtime], workspace_fixed_bytes=new))
         before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
@@ -185,7 +185,7 @@ def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants
 
 
 FITTED = ("baseline_bytes", "workspace_fixed_bytes", "workspace_factor", "trained_weight_copies",
-          "frozen_weight_copies", "device_bytes")
+          "frozen_weight_copies", "device_bytes", "hidden_bytes")
 
 
 def _show(v) -> str:

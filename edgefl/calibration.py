@@ -40,27 +40,33 @@ class RuntimeConstants:
     # both were measured (torch: bench/memory_model.py's training loops beside the device rows); the planner
     # prices devices, so every prediction includes it (edgefl.cost.PeakTerms.device)
     device_bytes: int = 0
+    # what the kernels of trained hidden layers hold beyond the tensors the profiler sees, whatever their
+    # size (ExecuTorch: a convolution's patch matrices, built 2 MiB at a time, and their gradients; none when
+    # only the last layer trains): fitted per measured family (edgefl.cost.PeakTerms.hidden)
+    hidden_bytes: int = 0
     # a runtime's memory depends on the graphs it runs: per model family whose peaks were measured
-    # (`family`), that family's own workspace terms (fixed bytes, factor, trained and frozen weight copies and,
-    # where a sixth entry is given, device bytes; without it a family's fixed bytes already hold them); a model
-    # of any other family gets the terms above, an upper bound over every measured family
+    # (`family`), that family's own workspace terms (fixed bytes, factor, trained and frozen weight copies,
+    # then device bytes and hidden bytes where given; without them a family's fixed bytes already hold them);
+    # a model of any other family gets the terms above, an upper bound over every measured family
     families: tuple[tuple, ...] = ()
 
     def for_model(self, model: str) -> "RuntimeConstants":
         """The constants a model of zoo name `model` is priced with."""
         name = family(model)
-        for f, fixed, factor, trained, frozen, *device in self.families:
+        for f, fixed, factor, trained, frozen, *extra in self.families:
             if f == name:
+                device, hidden = (list(extra) + [0, 0])[:2]
                 return replace(self, workspace_fixed_bytes=fixed, workspace_factor=factor,
                                trained_weight_copies=trained, frozen_weight_copies=frozen,
-                               device_bytes=device[0] if device else 0, families=())
+                               device_bytes=device, hidden_bytes=hidden, families=())
         return self
 
     def with_family(self, model: str, fixed: int, factor: float, trained: float, frozen: float,
-                    device: int = 0) -> "RuntimeConstants":
+                    device: int = 0, hidden: int = 0) -> "RuntimeConstants":
         name = family(model)
         rest = tuple(f for f in self.families if f[0] != name)
-        return replace(self, families=tuple(sorted(rest + ((name, fixed, factor, trained, frozen, device),))))
+        entry = (name, fixed, factor, trained, frozen, device, hidden)
+        return replace(self, families=tuple(sorted(rest + (entry,))))
 
 
 def family(model: str) -> str:
@@ -96,42 +102,44 @@ DEFAULTS: dict[str, RuntimeConstants] = {
                   ("vit", 106_409_103, 1.1, 0.6, 0.0, 24_202_094),)),
     # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim; no torch, no onnx; the CPU arena
     # off). baseline_bytes: RSS of a fresh process after importing it and opening one session
-    # (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms as above. On 42 peaks of exported sets
-    # (resnet20, cnn, transformer, vgg11bn, densenet40, vit; frozen 0, L/2, L-1 x head widths 0.25/0.5/1):
-    # measured/predicted 0.87-0.98 (cnn 0.96-0.98, densenet40 0.96-0.98, resnet 0.91-0.98, transformer 0.88-0.98,
-    # vgg11bn 0.87-0.98, vit 0.94-0.98). One set of terms cannot price every family closely (ORT's memory follows
-    # its graph: the gradient graph, recomputation, fused ops): held out, a family priced with the others' largest
-    # terms gets cnn 0.69-0.86, densenet40 0.66-0.79, resnet 0.81-0.90, transformer 0.77-0.86, vgg11bn 0.60-0.83,
-    # vit 0.70-0.88: safe, loose. prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a time
-    # (edgefl.device_runtime.trainers.ort_trainer).
+    # (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms as above, a family's own with hidden_bytes.
+    # On 42 peaks of exported sets (resnet20, cnn, transformer, vgg11bn, densenet40, vit; frozen 0, L/2, L-1 x head
+    # widths 0.25/0.5/1): measured/predicted 0.88-0.98 (cnn 0.97-0.98, densenet40 0.97-0.98, resnet 0.97-0.98,
+    # transformer 0.88-0.98, vgg11bn 0.88-0.98, vit 0.94-0.98). One set of terms cannot price every family
+    # closely (ORT's memory follows its graph: the gradient graph, recomputation, fused ops): held out, a family
+    # priced with the others' largest terms gets cnn 0.69-0.86, densenet40 0.66-0.79, resnet 0.81-0.90,
+    # transformer 0.77-0.86, vgg11bn 0.60-0.83, vit 0.70-0.88: safe, loose. prefix_batch: the ORT trainer runs
+    # the frozen prefix 4 samples at a time (edgefl.device_runtime.trainers.ort_trainer).
     "ort": RuntimeConstants(
         51_912_704, 24_289_813, 1.59,
         "measured import + session RSS; workspace an upper bound per family on measured peaks",
         prefix_batch=4, trained_weight_copies=4.0, frozen_weight_copies=3.0,
-        families=(("cnn", 14_082_598, 1.59, 0.8, 0.0),
-                  ("densenet40", 22_111_624, 1.06, 0.9, 0.0),
-                  ("resnet", 19_103_574, 1.44, 0.8, 0.0),
-                  ("transformer", 12_350_652, 1.39, 4.0, 3.0),
-                  ("vgg11bn", 24_289_813, 1.04, 1.5, 1.7),
-                  ("vit", 0, 1.48, 4.0, 1.9),)),
+        families=(("cnn", 12_883_997, 1.44, 0.9, 0.0, 0, 2_025_756),
+                  ("densenet40", 20_705_655, 1.06, 0.1, 0.0, 0, 1_639_761),
+                  ("resnet", 13_901_671, 1.23, 0.0, 0.1, 0, 6_591_202),
+                  ("transformer", 8_120_242, 1.39, 4.0, 3.0, 0, 4_230_410),
+                  ("vgg11bn", 0, 1.07, 1.5, 2.0, 0, 23_267_029),
+                  ("vit", 0, 1.48, 4.0, 1.9, 0, 0),)),
     # executorch 1.5.1 as devices run it: the native trainer (edgefl-et-train: C++, no Python, no torch).
     # baseline_bytes: peak RSS of a fresh `edgefl-et-train --version` under GNU time, its libraries loaded and
-    # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms as above. On
-    # 35 peaks of exported sets: measured/predicted 0.79-0.98 (cnn 0.89-0.96, resnet 0.79-0.96, transformer
-    # 0.92-0.98, vgg11bn 0.92-0.98, vit 0.91-0.98); held out: cnn 0.70-0.86, resnet 0.74-0.94, transformer
-    # 0.77-0.96, vgg11bn 0.82-0.97, vit 0.70-0.87. Most of a peak is the suffix program's memory-planned arena; its
-    # high-water mark is a convolution's im2col patches in flight (built 2 MiB at a time). prefix_batch 1: the
-    # native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer python,
-    # imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
+    # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms as above, a
+    # family's own with hidden_bytes. On 35 peaks of exported sets: measured/predicted 0.90-0.98 (cnn 0.90-0.96,
+    # resnet 0.93-0.98, transformer 0.92-0.98, vgg11bn 0.92-0.98, vit 0.92-0.98); held out: cnn 0.70-0.86, resnet
+    # 0.74-0.94, transformer 0.77-0.96, vgg11bn 0.82-0.97, vit 0.70-0.87. Most of a peak is the suffix program's
+    # memory-planned arena: the step's live bytes, and when a layer before the last trains a few MiB more (a
+    # convolution's patch matrices, built 2 MiB at a time, and their gradients: hidden_bytes; ResNet-20's arena
+    # is the cost model's step peak + 5-6 MiB at frozen prefixes 0 and 10, + 0 with the head alone). prefix_batch
+    # 1: the native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer
+    # python, imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
     "executorch": RuntimeConstants(
         5_206_016, 10_120_091, 1.57,
         "measured native trainer RSS; workspace an upper bound per family on measured native peaks",
         prefix_batch=1, trained_weight_copies=0.6, frozen_weight_copies=0.8,
-        families=(("cnn", 9_482_907, 1.29, 0.0, 0.0),
-                  ("resnet", 9_655_715, 1.57, 0.0, 0.0),
-                  ("transformer", 6_306_763, 1.55, 0.6, 0.0),
-                  ("vgg11bn", 10_120_091, 1.33, 0.5, 0.8),
-                  ("vit", 1_037_702, 1.46, 0.4, 0.8),)),
+        families=(("cnn", 8_182_763, 1.17, 0.0, 0.0, 0, 2_222_187),
+                  ("resnet", 4_120_211, 1.12, 3.4, 3.0, 0, 7_964_816),
+                  ("transformer", 4_693_069, 1.51, 0.0, 0.0, 0, 14_071_455),
+                  ("vgg11bn", 8_778_527, 1.33, 0.5, 0.8, 0, 1_341_564),
+                  ("vit", 0, 1.2, 3.8, 0.9, 0, 6_101_798),)),
 }
 
 

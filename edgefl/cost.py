@@ -9,6 +9,7 @@ activation share of a frozen prefix; plus what a real process adds):
     workspace = workspace_fixed + input batch
                 + device + trained_weight_copies * trained weights + frozen_weight_copies * frozen weights
                   (what a device process adds over a bare training loop: its evaluation, the artifact it loads)
+                + hidden (kernel scratch, when a layer before the last trains)
                 + max(0, workspace_factor * step_peak - activations - gradients)
 
 `Cost.terms` (PeakTerms) states that peak as a function of the runtime constants: what `edgefl calibrate`
@@ -189,7 +190,7 @@ class PeakTerms:
 
         peak = k.baseline_bytes + k.workspace_fixed_bytes + floor
                + [k.device_bytes + k.trained_weight_copies * trained_param_bytes
-                  + k.frozen_weight_copies * frozen_bytes, in a device process]
+                  + k.frozen_weight_copies * frozen_bytes, in a device process] + [k.hidden_bytes, if hidden]
                + copies * max(0, k.workspace_factor * step_peak_bytes - kept_bytes)
 
     `floor`: weights, gradients, optimizer state, kept activations and the input batch; `kept_bytes`: what the
@@ -204,13 +205,15 @@ class PeakTerms:
     # a device process (the default: what plans promise); False for a bare training loop of the config, which
     # bench/memory_model.py measures beside the device rows (RuntimeConstants.device_bytes)
     device: bool = True
+    # the config trains a layer before the last: its kernels' scratch (RuntimeConstants.hidden_bytes)
+    hidden: bool = False
 
     def workspace(self, k: RuntimeConstants) -> int:
         """The peak above the floor and the baseline."""
         # a bare training loop neither loads an artifact (the weight copies) nor evaluates (the device bytes)
         device = (k.device_bytes + k.trained_weight_copies * self.trained_param_bytes
                   + k.frozen_weight_copies * self.frozen_bytes) if self.device else 0
-        return int(k.workspace_fixed_bytes + device
+        return int(k.workspace_fixed_bytes + device + (k.hidden_bytes if self.hidden else 0)
                    + self.copies * max(0, int(k.workspace_factor * self.step_peak_bytes) - self.kept_bytes))
 
     def peak(self, k: RuntimeConstants) -> int:
@@ -260,7 +263,7 @@ def cost(profile: ModelProfile, config: TrainConfig, runtime: str = "torch",
              + B * profile.input_bytes)
     terms = PeakTerms(floor=floor, trained_param_bytes=M * trained_param_bytes, frozen_bytes=frozen_bytes,
                       step_peak_bytes=step_peak_bytes(profile, config, aux, exits, k.prefix_batch), kept_bytes=kept,
-                      copies=M)
+                      copies=M, hidden=a < min(b, profile.num_layers - 1))
 
     # trained layers and heads: forward, weight gradients (none for frozen weights), input gradients (none
     # for the first trained module)

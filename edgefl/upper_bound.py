@@ -2,7 +2,7 @@
 
 A peak is linear in the constants but for the workspace factor (edgefl.cost.PeakTerms):
 
-    predicted = baseline + F + floor + [D + t * trained + f * frozen, on a device]
+    predicted = baseline + F + floor + [D + t * trained + f * frozen, on a device] + [H, with hidden layers]
                 + copies * max(0, c * step_peak - kept)
 
 For every (c, t, f) on a grid, F is the least fixed term that covers every sample with its margin,
@@ -10,8 +10,11 @@ predicted >= measured + max(`fraction` of it, `at_least` bytes); the kept (c, t,
 smallest measured / predicted (the tightest band under 1), then the mean squared slack. Where samples of
 bare training loops stand beside device samples (PeakTerms.device), F covers the loops and D, the device
 process's own bytes, is the least that covers the device samples on top (with the weight copies t and f,
-which only a device process holds); with device samples alone D is the base's and F covers the rest. A grid of one value keeps that constant: `edgefl calibrate` refits only F
-on a served run's few configs, keeping the shape the memory benchmarks fitted on many.
+which only a device process holds); with device samples alone D is the base's and F covers the rest.
+Likewise H, the bytes the kernels of trained hidden layers hold (PeakTerms.hidden), covers on top of F the
+samples that train more than the last layer, where asked and where head-only samples stand beside them.
+A grid of one value keeps that constant: `edgefl calibrate` refits only F on a served run's few configs,
+keeping the shape the memory benchmarks fitted on many.
 
 numpy only: the planner and `edgefl calibrate` run it without torch.
 """
@@ -50,9 +53,10 @@ def predict(terms: Sequence[PeakTerms], k: RuntimeConstants) -> list[int]:
 def fit_upper_bound(terms: Sequence[PeakTerms], measured: Sequence[int], base: RuntimeConstants, *,
                     factors: Sequence[float] | None = None, trained_copies: Sequence[float] | None = None,
                     frozen_copies: Sequence[float] | None = None, fraction: float = MARGIN_FRACTION,
-                    at_least: int = MARGIN_BYTES, source: str = "") -> Fit:
+                    at_least: int = MARGIN_BYTES, source: str = "", learn_hidden: bool = False) -> Fit:
     """`base`'s constants with workspace_fixed_bytes, and those of workspace_factor, trained_weight_copies and
-    frozen_weight_copies whose grid is given (None: keep `base`'s), fitted as an upper bound (module doc).
+    frozen_weight_copies whose grid is given (None: keep `base`'s), fitted as an upper bound (module doc);
+    device_bytes where bare loops stand beside device samples, hidden_bytes with `learn_hidden`.
     `base.baseline_bytes` is kept: it is measured, not fitted."""
     if len(terms) != len(measured) or not terms:
         raise ValueError("one measured peak per PeakTerms, and at least one")
@@ -65,45 +69,71 @@ def fit_upper_bound(terms: Sequence[PeakTerms], measured: Sequence[int], base: R
     kept = np.asarray([t.kept_bytes for t in terms], dtype=np.float64)
     copies = np.asarray([t.copies for t in terms], dtype=np.float64)
     device = np.asarray([t.device for t in terms], dtype=bool)
+    hidden = np.asarray([t.hidden for t in terms], dtype=bool)
     ts = np.asarray(trained_copies if trained_copies is not None else [base.trained_weight_copies])
     fs = np.asarray(frozen_copies if frozen_copies is not None else [base.frozen_weight_copies])
     linear = floor + (ts[:, None, None] * trained + fs[None, :, None] * frozen) * device   # (t, f, samples)
     best = None
     for c in (factors if factors is not None else [base.workspace_factor]):
         rest = linear + copies * np.maximum(0.0, np.floor(c * step) - kept)
-        gap = need - rest
-        if device.all() or not device.any():     # D is not learnt: the base's, on device samples
-            dev = np.full(gap.shape[:2], float(base.device_bytes))
-            fixed = np.maximum(0.0, np.ceil((gap - dev[..., None] * device).max(axis=-1)))   # (t, f)
-        else:
-            fixed = np.maximum(0.0, np.ceil(gap[..., ~device].max(axis=-1)))
-            dev = np.maximum(0.0, np.ceil(gap[..., device].max(axis=-1)) - fixed)
-        ratio = m / (rest + fixed[..., None] + dev[..., None] * device)
+        fixed, dev, hid = _fixed_terms(need - rest, device, hidden, base, learn_hidden)
+        ratio = m / (rest + fixed[..., None] + dev[..., None] * device + hid[..., None] * hidden)
         score = ratio.min(axis=-1) - 1e-3 * ((1.0 - ratio) ** 2).mean(axis=-1)
         i = np.unravel_index(int(np.argmax(score)), score.shape)
         if best is None or score[i] > best[0]:
-            best = (score[i], float(c), float(ts[i[0]]), float(fs[i[1]]), int(fixed[i]), int(dev[i]))
-    _, c, t, f, fixed, dev = best
+            best = (score[i], float(c), float(ts[i[0]]), float(fs[i[1]]), int(fixed[i]), int(dev[i]), int(hid[i]))
+    _, c, t, f, fixed, dev, hid = best
     constants = replace(base, workspace_fixed_bytes=fixed, workspace_factor=c, trained_weight_copies=t,
-                        frozen_weight_copies=f, device_bytes=dev, source=source or base.source)
+                        frozen_weight_copies=f, device_bytes=dev, hidden_bytes=hid, source=source or base.source)
     return Fit(constants, tuple(float(x) / p for x, p in zip(m, predict(terms, constants), strict=True)))
 
 
-FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies", "device_bytes")
+def _fixed_terms(gap: np.ndarray, device: np.ndarray, hidden: np.ndarray, base: RuntimeConstants,
+                 learn_hidden: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """F, D and H per grid point (`gap`: what each sample needs above the rest of its prediction, (t, f,
+    samples)). D is learnt where device samples stand beside bare loops, H where samples that train hidden
+    layers stand beside head-only ones (and `learn_hidden`); a term not learnt is the base's. F is the least
+    that covers the samples whose other terms are known, D then covers the device samples of those, H the
+    samples that train hidden layers."""
+    learn_d = bool(device.any() and not device.all())
+    learn_h = bool(learn_hidden and hidden.any() and not hidden.all())
+    if learn_h and learn_d and not ((~hidden & ~device).any() and (~hidden & device).any()):
+        learn_h = False      # F and D then need head-only samples of both kinds
+    shape = gap.shape[:2]
+    dev = np.full(shape, float(base.device_bytes))
+    hid = np.full(shape, float(base.hidden_bytes))
+    known = gap - dev[..., None] * (device & (not learn_d)) - hid[..., None] * (hidden & (not learn_h))
+    reference = ~(device & learn_d) & ~(hidden & learn_h)
+    fixed = np.maximum(0.0, np.ceil(known[..., reference].max(axis=-1)))
+    if learn_d:
+        rows = device & ~(hidden & learn_h)
+        dev = np.maximum(0.0, np.ceil((known[..., rows] - fixed[..., None]).max(axis=-1)))
+    if learn_h:
+        hid = np.maximum(0.0, np.ceil((gap[..., hidden] - fixed[..., None]
+                                       - dev[..., None] * device[hidden]).max(axis=-1)))
+    return fixed, dev, hid
+
+
+FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", "frozen_weight_copies", "device_bytes",
+          "hidden_bytes")
 
 
 def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants, *,
-                 source: str = "", **grids) -> RuntimeConstants:
+                 source: str = "", learn_hidden: bool = False, **grids) -> RuntimeConstants:
     """`base` with each family's own upper bound (`peaks`: family -> its terms and measured peaks;
     RuntimeConstants.families) and, for models of any other family, term by term the largest any of them
     needed: an upper bound for every measured family, and the most a new one can be promised. `grids` as
-    for `fit_upper_bound`."""
-    per = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
-           for name, (terms, measured) in sorted(peaks.items())}
+    for `fit_upper_bound`. With `learn_hidden` a family's own terms include hidden_bytes; the terms for
+    other families come from fits without it: a family's hidden-layer bytes trade against its factor, and
+    the largest of each, taken from different families, does not bound a family none of them is."""
+    plain = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
+             for name, (terms, measured) in sorted(peaks.items())}
+    per = ({name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=True, **grids).constants
+            for name, (terms, measured) in sorted(peaks.items())} if learn_hidden else plain)
     n = sum(len(m) for _, m in peaks.values())
-    largest = {f: max(getattr(k, f) for k in per.values()) for f in FITTED}
+    largest = {f: max(getattr(k, f) for k in plain.values()) for f in FITTED}
     # a device's fixed bytes are F + D: the largest total any family needed, not the largest F plus the largest D
-    largest["device_bytes"] = max(k.workspace_fixed_bytes + k.device_bytes for k in per.values()) \
+    largest["device_bytes"] = max(k.workspace_fixed_bytes + k.device_bytes for k in plain.values()) \
         - largest["workspace_fixed_bytes"]
     constants = replace(base, families=(), **largest,
                         source=source or f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES >> 20} MiB) per family "

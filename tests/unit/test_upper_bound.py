@@ -70,3 +70,32 @@ def test_a_family_entry_without_device_bytes_holds_them_in_its_fixed_term():
     newer = older.with_family("cnn", 40 * MiB, 1.0, 0.0, 0.0, 10 * MiB)
     assert newer.for_model("cnn").device_bytes == 10 * MiB
     assert newer.for_model("vit").device_bytes == 7 * MiB      # another family: the generic terms
+
+
+def _hidden_family(fixed_mib, hidden_mib):
+    """Device samples: head-only ones at `fixed_mib`, ones that train hidden layers `hidden_mib` above."""
+    terms = [replace(_terms(f, 0, True), hidden=h) for f in range(10, 60, 10) for h in (False, True)]
+    return terms, [100 * MiB + t.floor + (fixed_mib + (hidden_mib if t.hidden else 0)) * MiB for t in terms]
+
+
+def test_hidden_layer_bytes_are_learnt_beside_head_only_samples_when_asked():
+    terms, measured = _hidden_family(10, 6)
+    plain = fit_upper_bound(terms, measured, BASE)
+    learnt = fit_upper_bound(terms, measured, BASE, learn_hidden=True)
+    assert plain.constants.hidden_bytes == 0
+    # 6 MiB, and the margin of the largest such peak over the largest head-only one (2% of 6 MiB)
+    assert learnt.constants.hidden_bytes == pytest.approx(1.02 * 6 * MiB, abs=1)
+    assert max(learnt.ratios) <= 1 / 1.02 + 1e-9
+    # without it the head-only samples pay for the hidden layers they do not train
+    assert min(learnt.ratios) > 0.97 > min(plain.ratios)
+
+
+def test_a_new_family_is_priced_without_hidden_bytes_but_by_the_fits_that_lack_them():
+    k = fit_families({"cnn": _hidden_family(10, 6), "vit": _hidden_family(20, 2)}, BASE, learn_hidden=True)
+    assert k.for_model("cnn").hidden_bytes > k.for_model("vit").hidden_bytes > 0
+    assert k.hidden_bytes == 0
+    plain = fit_families({"cnn": _hidden_family(10, 6), "vit": _hidden_family(20, 2)}, BASE)
+    assert k.workspace_fixed_bytes == plain.workspace_fixed_bytes        # every sample covered without H
+    for name in ("cnn", "vit"):
+        terms, measured = _hidden_family(10, 6) if name == "cnn" else _hidden_family(20, 2)
+        assert all(t.peak(k) >= m for t, m in zip(terms, measured))       # the generic terms cover both
