@@ -20,8 +20,10 @@ paper's 8 batches of 32 per round at 1 local epoch). Next-character accuracy on 
 
 Fixed before the run, stated here: AdamW with torch's betas (0.9, 0.999) and weight decay 0.01 (the paper:
 0.95 and 0.1; edgefl's trainers take no optimizer hyper-parameters), lr 1e-4 cosine-annealed to 1e-6 over the
-rounds, seed 0. The paper's order in every memory column: CAFF > Heterogeneous LoRA > FedHM > FedRolex. The
-result records the pretrained set's held-out loss per depth (it must fall with depth for depth to help).
+rounds, seed 0 (`--seed`: the speakers' window subsets and the devices each round samples; the pretrained set
+and the held-out windows stay the same, so start accuracies are shared across seeds). The paper's order in
+every memory column: CAFF > Heterogeneous LoRA > FedHM > FedRolex. The result records the pretrained set's
+held-out loss per depth (it must fall with depth for depth to help).
 
 Needs:     edgefl pretrain -o PRETRAINED --steps 3000 --batch-size 32 --eval-every 100 --patience 5
            (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation loss)
@@ -199,6 +201,8 @@ def main(argv=None) -> None:
     p.add_argument("--windows-per-device", type=int, default=256,
                    help="a device's local data: at most this many of its speaker's windows (seeded); one window "
                         "starts at every character, so a long role would otherwise train for thousands of steps")
+    p.add_argument("--seed", type=int, default=SEED,
+                   help="the speakers' window subsets and each round's devices (held-out windows: fixed)")
     p.add_argument("--device", default="cpu")
     p.add_argument("-o", "--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
@@ -219,12 +223,12 @@ def main(argv=None) -> None:
     train = load_dataset("shakespeare", split="train")
     test = _subset(load_dataset("shakespeare", split="test"), args.test_limit, SEED + 1)
     deepest = _pretrained_ref(args.pretrained, None, train, get_strategy("fedrolex"))
-    shares = parse_partition("natural").split(train.y, args.devices, SEED, groups=train.groups)
+    shares = parse_partition("natural").split(train.y, args.devices, args.seed, groups=train.groups)
     if len(shares) < args.devices:
         raise SystemExit(f"--devices {args.devices}: the data has only {len(shares)} speakers")
-    rng = np.random.default_rng(SEED)
+    rng = np.random.default_rng(args.seed)
     shares = [np.sort(rng.choice(s, min(len(s), args.windows_per_device), replace=False)) for s in shares[:args.devices]]
-    loop = LoopSettings(rounds=args.rounds, clients_per_round=args.clients_per_round, seed=SEED,
+    loop = LoopSettings(rounds=args.rounds, clients_per_round=args.clients_per_round, seed=args.seed,
                         eval_every=args.eval_every, lr=args.lr, lr_final=args.lr_final)
     depths = {d: {"held_out_loss": c.get("held_out_loss"), "train_loss": c.get("train_loss"), "steps": c.get("steps"),
                   "best_step": c.get("best_step"), "validation_loss": c.get("validation_loss"),
@@ -234,7 +238,7 @@ def main(argv=None) -> None:
                 "windows_per_device": args.windows_per_device, "runtime": args.runtime, "optimizer": args.optimizer,
                 "optimizer_hyperparameters": "torch defaults: betas (0.9, 0.999), weight decay 0.01" if args.optimizer == "adamw"
                 else "momentum 0.9, weight decay 1e-5", "lr": args.lr, "lr_final": args.lr_final, "batch_size": BATCH,
-                "local_epochs": 1, "test_windows": len(test.y), "deepest": deepest.label(), "seed": SEED,
+                "local_epochs": 1, "test_windows": len(test.y), "deepest": deepest.label(), "seed": args.seed,
                 "budget_rule": "last t blocks of the deepest model" if args.budget_blocks else
                 "multiples of the least budget at which every method of the paper's order runs"}
     result = {"paper": PAPER, "settings": settings, "paper_order": PAPER_ORDER,

@@ -126,6 +126,28 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_caff_seeds(names: tuple[str, ...] = ("caff", "caff_seed1")) -> str:
+    """Final accuracy per budget column and method at each seed, and each seed's order and verdict."""
+    runs = [json.loads(p.read_text()) for p in (RESULTS / f"reproduce_{n}.json" for n in names) if p.exists()]
+    if len(runs) < 2:
+        return "No second seed yet: run `python bench/reproduce_caff.py --pretrained DIR --seed 1`.\n"
+    seeds = [r["settings"]["seed"] for r in runs]
+    lines = ["| budget | method | " + " | ".join(f"seed {s}, final" for s in seeds) + " |",
+             "|---|---|" + "---|" * len(seeds)]
+    columns = sorted(runs[0]["methods"], key=lambda c: runs[0]["budgets_bytes"][c])
+    for column in columns:
+        for m in runs[0]["paper_order"]:
+            lines.append(f"| {mib(runs[0]['budgets_bytes'][column])} | {m} | "
+                         + " | ".join(pct(r["methods"].get(column, {}).get(m, {}).get("final"), 2) for r in runs) + " |")
+    lines += ["", "| budget | " + " | ".join(f"seed {s}: ours (matches)" for s in seeds) + " |",
+              "|---|" + "---|" * len(seeds)]
+    for column in columns:
+        lines.append(f"| {mib(runs[0]['budgets_bytes'][column])} | "
+                     + " | ".join(f"{' > '.join(r['our_order'].get(column, []))} ({verdict(r['matches_paper_order'].get(column))})"
+                                  for r in runs) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def paper_column(accuracy: dict, i: int) -> dict:
     """The paper's i-th memory column (tightest first), set beside ours of the same rank (CAFF's Table 1 has
     500 / 700 / 900 MB; ours are the last 1 / 2 / 4 blocks)."""
@@ -146,7 +168,7 @@ def render_slt() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"slt": render_slt, "caff": render_caff, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
+RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
 
 
 def main() -> None:
