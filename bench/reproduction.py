@@ -141,6 +141,9 @@ def merge(paths: list[Path], paper_order: list[str]) -> dict:
     for path, part in zip(paths[1:], parts[1:]):
         if part["settings"] != parts[0]["settings"]:
             raise SystemExit(f"--merge: {path} has other settings than {paths[0]}; merge only runs of one setting")
+        if part.get("budgets_bytes") != parts[0].get("budgets_bytes"):   # the cost model changed between them
+            raise SystemExit(f"--merge: {path} has other budgets than {paths[0]} (the constants that price them "
+                             "changed between the runs); re-run the older part")
     result = {**parts[0], "merged_from": [Path(p).name for p in paths], "methods": {}}
     for part in parts:
         result["methods"].update(part["methods"])

@@ -1,4 +1,5 @@
 """The reproduction benches' verdict: our order beside a paper's, with SLT's one-point tie rule."""
+import json
 import sys
 from pathlib import Path
 
@@ -47,3 +48,14 @@ def test_energy_estimate_is_the_profiles_active_power_over_compute_and_transfer_
     assert e["communication_j"] == pytest.approx(8 * 75_000_000 / p.uplink_bits_per_s * p.power_active_w)
     assert e["total_j"] == pytest.approx(e["computation_j"] + e["communication_j"]) and e["profile"] == "android-mid"
     assert energy_estimate({**costs, "training_flops": 6e12})["computation_j"] == pytest.approx(2 * e["computation_j"])
+
+
+def test_merge_refuses_parts_whose_budgets_were_priced_by_other_constants(tmp_path):
+    from reproduction import merge
+    part = {"settings": {"rounds": 2}, "budgets_bytes": {"b0": 100}, "methods": {"a": {"final": 0.5, "best": 0.5}}}
+    (tmp_path / "a.json").write_text(json.dumps(part))
+    (tmp_path / "b.json").write_text(json.dumps({**part, "budgets_bytes": {"b0": 90}, "methods": {"b": {"final": 0.4}}}))
+    with pytest.raises(SystemExit, match="other budgets"):
+        merge([tmp_path / "a.json", tmp_path / "b.json"], ["a", "b"])
+    (tmp_path / "b.json").write_text(json.dumps({**part, "methods": {"b": {"final": 0.4, "best": 0.4}}}))
+    assert set(merge([tmp_path / "a.json", tmp_path / "b.json"], ["a", "b"])["methods"]) == {"a", "b"}
