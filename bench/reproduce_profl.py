@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduction import Run, Study, group_fleet, main, peak_bytes  # noqa: E402
+from reproduction import BATCH, Run, Study, group_fleet, main, peak_bytes  # noqa: E402
 
 FULL_SHARE = 0.24        # devices that fit the whole model (ExclusiveFL's participation, ProFL Table 2, VGG11)
 GROUPS = 10
@@ -39,7 +39,7 @@ def without_narrow_groups(fleet, ref, runtime: str, below: float = NARROW):
     """`fleet` with the groups HeteroFL gives a width under `below` left out of training: their budget
     lowered under any configuration, so the plan excludes them (with its reason) and they hold their data."""
     from edgefl.strategies import PlanContext, get_strategy
-    plan = get_strategy("heterofl").plan(PlanContext(fleet, ref, batch_size=32))
+    plan = get_strategy("heterofl").plan(PlanContext(fleet, ref, batch_size=BATCH))
     narrow = {name for name, g in plan.groups.items() if not g.excluded and g.step_at(1).config.head_width < below}
     return group_fleet(f"{fleet.name}-wide", [(g.name, g.count, 1 if g.name in narrow else g.memory_budget_bytes)
                                               for g in fleet.groups], runtime)

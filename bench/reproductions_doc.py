@@ -89,15 +89,16 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     r = json.loads(path.read_text())
     if "settings" not in r:
         return "No result of the Table 1 setting yet: run `python bench/reproduce_caff.py --pretrained DIR`.\n"
-    lines = [] if not pretrained_table else ["Pretrained set (next-character loss, lower is better; the checkpoint kept is the one of lowest "
-             "validation loss, the held-out loss is on text the choice never saw):", "",
-             "| depth | steps | batch | checkpoint kept | validation loss | held-out loss | train loss |",
-             "|---|---|---|---|---|---|---|"]
-    for depth, d in r["pretrained"]["depths"].items() if pretrained_table else ():
-        validation = f"{d['validation_loss']:.3f}" if d.get("validation_loss") is not None else "n/a"
-        lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d.get('best_step') or 'last'} | {validation} | "
-                     f"{d['held_out_loss']:.3f} | {d['train_loss']:.3f} |")
+    lines = []
     if pretrained_table:
+        lines += ["Pretrained set (next-character loss, lower is better; the checkpoint kept is the one of lowest "
+                  "validation loss, the held-out loss is on text the choice never saw):", "",
+                  "| depth | steps | batch | checkpoint kept | validation loss | held-out loss | train loss |",
+                  "|---|---|---|---|---|---|---|"]
+        for depth, d in r["pretrained"]["depths"].items():
+            validation = f"{d['validation_loss']:.3f}" if d.get("validation_loss") is not None else "n/a"
+            lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d.get('best_step') or 'last'} | "
+                         f"{validation} | {d['held_out_loss']:.3f} | {d['train_loss']:.3f} |")
         lines += ["", "Held-out loss strictly decreasing with depth: "
                   + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]
     s = r["settings"]
