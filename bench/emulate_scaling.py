@@ -22,10 +22,12 @@ Per engine: steady_s_per_round (rounds 2 .. R-1: round 1 starts the actors and p
 object store, round R evaluates), rounds_per_s = 1 / that, steady_cpu_s_per_round (CPU seconds of every
 process of the driver and the cluster, daemons included: on a machine shared with other work it says more
 than wall time), peak_rss_bytes (summed over all those processes, sampled every 0.2 s), weights_sha256.
-Headline: ray_overhead_wall = ray_1node_1cpu's s/round over local's - 1 (goal <= 0.10), ray_overhead_cpu the
-same for CPU seconds, identical = every engine's final weights and history equal local's.
+Each engine runs --repeats times (default 3), the engines in turn; an engine's row is its run with the median
+s/round, with every run's s/round beside it. Headline: ray_overhead_wall = ray_1node_1cpu's s/round over local's
+of the same repeat - 1, the median over repeats (goal <= 0.10), with its range; ray_overhead_cpu the same for CPU
+seconds; identical = every run's final weights and history equal local's.
 
-Run:    .venv/bin/python bench/emulate_scaling.py [--rounds 6] [--engines local,ray_1node_1cpu,...]
+Run:    .venv/bin/python bench/emulate_scaling.py [--rounds 6] [--repeats 3] [--engines local,ray_1node_1cpu,...]
         [--per-device 20] [--output bench/results/emulate_scaling.json]
 Writes bench/results/emulate_scaling.json (--per-device 200: the same fleet with ten times the training per
 device, where Ray's fixed cost per device weighs less).
@@ -36,6 +38,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,16 +158,39 @@ def by_name(cpu: dict, names: dict) -> dict:
     return dict(sorted(((k, round(v, 2)) for k, v in out.items() if v >= 0.05), key=lambda kv: -kv[1]))
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median steady s/round (the lower middle one of an even count), with every run's
+    steady wall and CPU seconds per round beside it."""
+    ranked = sorted(runs, key=lambda r: r["steady_s_per_round"])
+    return {**ranked[(len(ranked) - 1) // 2],
+            "steady_s_per_round_runs": [r["steady_s_per_round"] for r in runs],
+            "steady_cpu_s_per_round_runs": [r["steady_cpu_s_per_round"] for r in runs]}
+
+
+def overheads(local: list[dict], ray: list[dict]) -> dict:
+    """What Ray adds per round, wall and CPU: the median over repeats of ray's s/round over local's of the
+    same repeat, - 1 (neighbours in time: drift of the machine cancels), with the range over repeats."""
+    out = {}
+    for kind, key in (("wall", "steady_s_per_round"), ("cpu", "steady_cpu_s_per_round")):
+        ratios = [r[key] / l[key] - 1 for l, r in zip(local, ray, strict=True)]
+        out[f"ray_overhead_{kind}"] = statistics.median(ratios)
+        out[f"ray_overhead_{kind}_range"] = [min(ratios), max(ratios)]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--per-device", type=int, default=20, help="training images per device (20: overhead-bound)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per engine, in turn; each engine's median is kept")
     ap.add_argument("--output", type=Path, default=RESULTS)
     ap.add_argument("--child")
     ap.add_argument("--address")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats: at least 1")
     if args.rounds < 3:
         ap.error("--rounds: at least 3 (the first and the last are not steady)")
     if args.child:
@@ -172,23 +198,24 @@ def main() -> None:
     engines = args.engines.split(",")
     if unknown := set(engines) - set(ENGINES):
         ap.error(f"--engines: unknown {sorted(unknown)}; choose from {list(ENGINES)}")
-    results = {}
+    runs: dict[str, list[dict]] = {e: [] for e in engines}
     with tempfile.TemporaryDirectory(prefix="edgefl-scaling-") as tmp:
-        for engine in engines:
-            results[engine] = measure(engine, args.rounds, args.per_device, Path(tmp))
-            print(engine, json.dumps({k: v for k, v in results[engine].items() if "sha" not in k}), flush=True)
+        for repeat in range(args.repeats):          # engines in turn: a slow spell of the machine hits each alike
+            for engine in engines:
+                runs[engine].append(measure(engine, args.rounds, args.per_device, Path(tmp)))
+                print(engine, repeat + 1, json.dumps({k: v for k, v in runs[engine][-1].items() if "sha" not in k}),
+                      flush=True)
+    results = {e: median_run(r) for e, r in runs.items()}
     summary = {"workload": f"fedavg, cnn, Fashion-MNIST, {DEVICES} devices x {args.per_device} images, all {DEVICES} "
                            f"per round, batch {BATCH}, 1 epoch, {args.rounds} rounds, eval once on {TEST} images",
-               "rounds": args.rounds, "omp_num_threads": 1, "cores": os.cpu_count(),
+               "rounds": args.rounds, "repeats": args.repeats, "omp_num_threads": 1, "cores": os.cpu_count(),
                "loadavg_1_5_15_after": list(os.getloadavg()), "engines": results}
     if "local" in results:
         base = results["local"]
         summary["identical"] = all(r["weights_sha256"] == base["weights_sha256"]
-                                   and r["history_sha256"] == base["history_sha256"] for r in results.values())
+                                   and r["history_sha256"] == base["history_sha256"] for rs in runs.values() for r in rs)
         if "ray_1node_1cpu" in results:
-            one = results["ray_1node_1cpu"]
-            summary["ray_overhead_wall"] = one["steady_s_per_round"] / base["steady_s_per_round"] - 1
-            summary["ray_overhead_cpu"] = one["steady_cpu_s_per_round"] / base["steady_cpu_s_per_round"] - 1
+            summary.update(overheads(runs["local"], runs["ray_1node_1cpu"]))
             summary["ray_overhead_goal"] = 0.10
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(summary, indent=2) + "\n")

@@ -160,17 +160,22 @@ MMAP_THRESHOLD = 128 * 1024
 ALLOCATORS = ("fixed", "default")
 
 
-def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold in this process (what `allocator='fixed'` measures); call it before
-    training. False where the C library has no mallopt (not glibc): the default policy stays."""
+def configure_allocator(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int | None = None) -> bool:
+    """Fix glibc's mmap threshold in this process (what `allocator='fixed'` measures) and, where given, the
+    free bytes at the heap's top it keeps rather than gives back; call it before training. False where the C
+    library has no mallopt (not glibc): the default policy stays."""
     import ctypes
 
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    M_MMAP_THRESHOLD = -3
-    return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)))
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    done = bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)))
+    if trim_threshold is not None:
+        done = bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold))) and done
+    return done
+
 
 def _status_bytes(field: str) -> int:
     with open("/proc/self/status") as f:

@@ -125,3 +125,16 @@ def test_reproduce_slt_merges_split_runs_and_orders_them(tmp_path):
     paths[1].write_text(json.dumps({**second, "rounds": 20}))
     with pytest.raises(SystemExit, match="rounds"):
         reproduce_slt.merge(paths)
+
+
+def test_scaling_keeps_each_engines_median_run_and_pairs_ray_with_the_local_run_beside_it():
+    from emulate_scaling import median_run, overheads
+    local = [{"steady_s_per_round": s, "steady_cpu_s_per_round": s} for s in (2.0, 3.0, 2.5)]
+    ray = [{"steady_s_per_round": s, "steady_cpu_s_per_round": c} for s, c in ((2.2, 3.0), (3.0, 3.3), (2.5, 5.0))]
+    assert median_run(local)["steady_s_per_round"] == 2.5
+    assert median_run(local)["steady_s_per_round_runs"] == [2.0, 3.0, 2.5]
+    assert median_run(local[:2])["steady_s_per_round"] == 2.0       # even count: the lower middle run
+    out = overheads(local, ray)
+    # per repeat: wall +10%, 0, 0; CPU +50%, +10%, +100% (each ray run against the local run of its repeat)
+    assert out["ray_overhead_wall"] == pytest.approx(0.0) and out["ray_overhead_wall_range"] == pytest.approx([0, 0.1])
+    assert out["ray_overhead_cpu"] == pytest.approx(0.5) and out["ray_overhead_cpu_range"] == pytest.approx([0.1, 1.0])
