@@ -56,9 +56,12 @@ def test_a_new_family_gets_the_largest_device_total_not_the_largest_of_each_part
     b = _family(20, 30, 0.0)     # the other way round
     k = fit_families({"cnn": a, "vit": b}, BASE)
     cnn, vit = k.for_model("cnn"), k.for_model("vit")
-    assert k.workspace_fixed_bytes == max(cnn.workspace_fixed_bytes, vit.workspace_fixed_bytes)
-    assert (k.workspace_fixed_bytes + k.device_bytes
-            == max(c.workspace_fixed_bytes + c.device_bytes for c in (cnn, vit)))
+    totals = [c.workspace_fixed_bytes + c.device_bytes for c in (cnn, vit)]
+    assert max(cnn.workspace_fixed_bytes, vit.workspace_fixed_bytes) < max(totals) < sum(totals)
+    # how a new family's total splits between loop and device process is not known: both get the total
+    assert (k.workspace_fixed_bytes, k.device_bytes) == (max(totals), 0)
+    loop, device = a[0][0], a[0][-1]
+    assert loop.peak(k) >= loop.peak(cnn) and device.peak(k) >= device.peak(cnn)
     # each family's own terms come back whole, device bytes included
     assert vit.device_bytes > cnn.device_bytes > 0
 
