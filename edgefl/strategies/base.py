@@ -97,6 +97,10 @@ class Strategy:
     # devices that trained it (FedOLF alg. 1, ProFL eq. 1, FeDepth); 'sampled' also counts sampled devices
     # that did not train it, with the previous global value (the CoCoFL/CAFF layer-wise rule)
     aggregation: ClassVar[str] = "trained"
+    # static batch normalisation (HeteroFL sec. 3.2): the global model is evaluated with BN statistics the
+    # server estimates on devices' data, not with the average of running statistics that devices gathered
+    # through models of different widths (where a channel's statistics depend on how many channels feed it)
+    static_bn: ClassVar[bool] = False
 
     def plan(self, ctx: PlanContext) -> Plan:
         raise NotImplementedError

@@ -29,6 +29,7 @@ class FedRolex(WidthScaled):
 
 class HeteroFL(WidthScaled):
     name = "heterofl"
+    static_bn = True
 
 
 class FjORD(WidthScaled):

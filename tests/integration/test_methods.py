@@ -390,3 +390,52 @@ def test_depthfl_without_a_full_depth_device_is_evaluated_at_its_deepest_exit(da
     assert records[-1].accuracy == pytest.approx(server.evaluate()["accuracy"])
     _, full = plan_for(strategy)            # a fleet with a device that holds the whole model: judged whole
     assert strategy.evaluated_config(full) is None
+
+
+def test_heterofl_is_evaluated_with_static_bn_statistics_of_the_devices_data(data):
+    """HeteroFL's sBN: the global model's BN statistics are the cumulative mean of its own batch statistics on
+    a sample of the devices' data, written into the global state, not the average of the running statistics
+    devices gathered through narrower models."""
+    resnet = ModelRef.of("resnet20", num_classes=10, input_shape=(1, 28, 28))
+    probe = PlanContext(parse_fleet("fleet:\n  groups:\n    p: {count: 1, memory_budget: 1GiB}\n"), resnet,
+                        batch_size=32)
+    half = probe.cost(probe.config(head_start=0, head_width=0.5), "ort").peak_memory_bytes
+    fleet = parse_fleet(f"fleet:\n  groups:\n    narrow: {{count: 2, memory_budget: {half}, runtime: ort}}\n"
+                        "    wide: {count: 2, memory_budget: 1GiB, runtime: torch}\n")
+    train, test = data
+    shares = parse_partition("iid").split(train.y, 4, 0)
+    settings = LoopSettings(rounds=2, clients_per_round=4, lr=0.05, seed=0)
+
+    def run_with(strategy):
+        plan = verify(strategy.plan(PlanContext(fleet, resnet, rounds=2, batch_size=32)), fleet)
+        assert 0 < plan.groups["narrow"].steps[0].config.head_width < 1
+        return emulate(fleet, plan, strategy, plan.model, train, test, shares, settings)
+
+    strategy = get_strategy("heterofl")
+    assert strategy.static_bn and not get_strategy("fedavg").static_bn and not get_strategy("fjord").static_bn
+    records, server = run_with(strategy)
+    x, batch = server.static_bn
+    assert len(x) == len(train.y) and batch == 32          # every example when the fleet holds under 2,048
+
+    by_hand = server.global_model()
+    norms = [m for m in by_hand.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    by_hand.train()
+    with torch.no_grad():
+        for start in range(0, len(x), batch):
+            by_hand(torch.as_tensor(x[start:start + batch]))
+    estimated = {k: v for k, v in by_hand.state_dict().items() if "running_" in k}
+    for k, v in estimated.items():
+        assert torch.allclose(server.state[k], v, atol=1e-5), k
+    assert records[-1].accuracy == pytest.approx(server.evaluate()["accuracy"])
+
+    class Averaged(type(strategy)):
+        static_bn = False
+    _, averaged = run_with(Averaged())
+    # the same training, bit for bit; only the statistics the model is evaluated with differ
+    assert all(torch.equal(averaged.state[k], server.state[k]) for k in server.state
+               if "running_" not in k and "num_batches" not in k)
+    assert any(not torch.allclose(averaged.state[k], v, atol=1e-3) for k, v in estimated.items())
