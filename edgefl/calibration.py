@@ -87,10 +87,11 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # vgg11bn, densenet40, vit with frozen prefixes 0, L/2, L-1 x head widths 0.25/0.5/1). The fixed term covers
     # the loops; device_bytes and the weight copies are what a device process adds (it loads the artifact:
     # weight copies; it evaluates: fixed bytes): measured/predicted 0.92-0.98 in sample (device rows 0.92-0.98);
-    # held out (a family priced with the others' terms; a new family's bare loops get its device total, the split
-    # unknown): cnn 0.88-0.97, densenet40 0.91-0.97, resnet 0.89-0.98, transformer 0.87-0.98, vgg11bn 0.89-0.96,
-    # vit 0.89-0.95. Under glibc's default dynamic
-    # mmap threshold the heap fragments and peaks grow up to ~2x: see bench/results/memory_model.json, allocator.
+    # held out (a family priced with the others' terms: the generic fixed term is the largest F + D of any family
+    # and its device bytes 0, as how a new family's total splits between loop and device process is not known),
+    # loops and device rows: cnn 0.88-0.97, densenet40 0.91-0.97, resnet 0.89-0.98, transformer 0.87-0.98,
+    # vgg11bn 0.89-0.96, vit 0.89-0.95. Under glibc's default dynamic mmap threshold the heap fragments and peaks
+    # grow up to ~2x: see bench/results/memory_model.json, allocator.
     "torch": RuntimeConstants(
         228_560_896, 138_896_478, 1.11,
         "measured import RSS; workspace an upper bound per family on measured peaks",
