@@ -27,6 +27,7 @@ from typing import Iterable, Mapping, Optional
 from edgefl.calibration import DEFAULTS, RuntimeConstants, family
 from edgefl.cost import PeakTerms, config_cost
 from edgefl.errors import ConfigError
+from edgefl import upper_bound
 from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
 
 SCHEMA = "edgefl.calibration/2"
@@ -184,8 +185,7 @@ def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants
     return notes
 
 
-FITTED = ("baseline_bytes", "workspace_fixed_bytes", "workspace_factor", "trained_weight_copies",
-          "frozen_weight_copies", "device_bytes", "hidden_bytes")
+FITTED = ("baseline_bytes",) + upper_bound.FITTED      # what a calibration may change: the measured baseline too
 
 
 def _show(v) -> str:

@@ -123,10 +123,10 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
     """`base` with each family's own upper bound (`peaks`: family -> its terms and measured peaks;
     RuntimeConstants.families) and, for models of any other family, term by term the largest any of them
     needed (the fixed and device bytes as one: the largest total): an upper bound for every measured family,
-    and the most a new one can be promised. `grids` as
-    for `fit_upper_bound`. With `learn_hidden` a family's own terms include hidden_bytes; the terms for
-    other families come from fits without it: a family's hidden-layer bytes trade against its factor, and
-    the largest of each, taken from different families, does not bound a family none of them is."""
+    and the most a new one can be promised. `grids` as for `fit_upper_bound`. With `learn_hidden` a family's
+    own terms include hidden_bytes; the terms for other families come from fits without it: a family's
+    hidden-layer bytes trade against its factor, and the largest of each, taken from different families,
+    does not bound a family none of them is."""
     plain = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
              for name, (terms, measured) in sorted(peaks.items())}
     per = ({name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=True, **grids).constants
