@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -235,16 +235,21 @@ def _tensor(t: dict) -> TensorEntry:
 
 # ----------------------------------------------------------------------------------- flat buffers
 
-def flatten(entries: Sequence[TensorEntry], tensors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """One float32 buffer holding `tensors` (by global name) in `entries` order (counters as float32:
-    exact below 2**24)."""
-    parts = []
+def flatten(entries: Sequence[TensorEntry],
+            tensors: Mapping[str, np.ndarray] | Callable[[TensorEntry], np.ndarray]) -> np.ndarray:
+    """One float32 buffer holding `tensors` (by global name, or read one entry at a time) in `entries` order
+    (counters as float32: exact below 2**24). Each tensor is copied into the buffer as it is read: where
+    reading makes a copy (ONNX Runtime's parameters), only one tensor's is alive at a time."""
+    read = tensors if callable(tensors) else (lambda e: tensors[e.name])
+    out = np.empty(sum(e.numel for e in entries), np.float32)
+    offset = 0
     for e in entries:
-        t = np.asarray(tensors[e.name])
+        t = np.asarray(read(e))
         if t.shape != e.shape:
             raise ValueError(f"tensor {e.name}: shape {t.shape}, the manifest says {e.shape}")
-        parts.append(t.astype(np.float32, copy=False).ravel())
-    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        out[offset:offset + e.numel] = t.reshape(-1)
+        offset += e.numel
+    return out
 
 
 def unflatten(entries: Sequence[TensorEntry], buffer: np.ndarray) -> dict[str, np.ndarray]:

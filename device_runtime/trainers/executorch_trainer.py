@@ -22,7 +22,7 @@ import numpy as np
 
 from edgefl.device_runtime.trainers.base import IGNORE_INDEX, ArtifactTrainer, in_chunks
 from edgefl.errors import ArtifactError, ConfigError
-from edgefl.manifest import ArtifactSet
+from edgefl.manifest import ArtifactSet, TensorEntry
 
 FQN_METHOD = "__et_training_fqn_forward"
 
@@ -127,10 +127,7 @@ class ExecuTorchTrainer(ArtifactTrainer):
         mean = sum(loss * n for loss, n in losses) / counted if counted else float("nan")
         return mean, np.concatenate(logits)
 
-    def trained_tensors(self) -> dict[str, np.ndarray]:
-        stats = dict(zip(self.manifest.extra["statistics"], self.stats, strict=True))
-        out = {}
-        for e in self.manifest.trainable:
-            value = {"parameter": self.params, "statistic": stats, "counter": self.counters}[e.kind][e.local]
-            out[e.name] = value.detach().numpy().copy()
-        return out
+    def trained_tensor(self, entry: TensorEntry) -> np.ndarray:
+        source = {"parameter": self.params, "counter": self.counters,
+                  "statistic": dict(zip(self.manifest.extra["statistics"], self.stats, strict=True))}[entry.kind]
+        return source[entry.local].detach().numpy()

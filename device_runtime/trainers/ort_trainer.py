@@ -25,7 +25,7 @@ import numpy as np
 from edgefl.device_runtime.ort_shim import training_api
 from edgefl.device_runtime.trainers.base import ArtifactTrainer, in_chunks
 from edgefl.errors import ArtifactError
-from edgefl.manifest import ArtifactSet
+from edgefl.manifest import ArtifactSet, TensorEntry
 
 SGD_SLICE = 1 << 16     # values the SGD step updates at a time (its scratch buffer: 256 KiB)
 
@@ -157,11 +157,7 @@ class OrtTrainer(ArtifactTrainer):
         loss, logits = self._eval.run(["loss", "logits"], {**feeds, **self._eval_state[1]})
         return float(loss), logits
 
-    def trained_tensors(self) -> dict[str, np.ndarray]:
-        out = {}
-        for e in self.manifest.trainable:
-            if e.kind == "counter":
-                out[e.name] = np.asarray(self.counters[e.local], dtype=e.dtype)
-            else:
-                out[e.name] = self.state.parameters[e.local].data.reshape(e.shape).copy()   # a view otherwise
-        return out
+    def trained_tensor(self, entry: TensorEntry) -> np.ndarray:
+        if entry.kind == "counter":
+            return np.asarray(self.counters[entry.local], dtype=entry.dtype)
+        return self.state.parameters[entry.local].data.reshape(entry.shape)    # a copy of ORT's buffer

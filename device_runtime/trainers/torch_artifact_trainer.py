@@ -14,7 +14,7 @@ import torch
 
 from edgefl.device_runtime.trainers.base import ArtifactTrainer, in_chunks
 from edgefl.errors import ArtifactError
-from edgefl.manifest import ArtifactSet
+from edgefl.manifest import ArtifactSet, TensorEntry
 
 
 def _load(path) -> torch.nn.Module:
@@ -79,6 +79,5 @@ class TorchArtifactTrainer(ArtifactTrainer):
         loss, logits = self.eval_program(*self._features(x), torch.from_numpy(np.asarray(y, np.int64)))
         return float(loss), logits.numpy()
 
-    def trained_tensors(self) -> dict[str, np.ndarray]:
-        state = self.train_program.state_dict()
-        return {e.name: state[e.local].detach().numpy().copy() for e in self.manifest.trainable}
+    def trained_tensor(self, entry: TensorEntry) -> np.ndarray:
+        return self.train_program.state_dict()[entry.local].detach().numpy()
