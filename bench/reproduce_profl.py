@@ -19,11 +19,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduction import BATCH, Run, Study, group_fleet, main, peak_bytes  # noqa: E402
+from reproduction import Run, Study, group_fleet, main, peak_bytes  # noqa: E402
 
 FULL_SHARE = 0.24        # devices that fit the whole model (ExclusiveFL's participation, ProFL Table 2, VGG11)
 GROUPS = 10
-NARROW = 0.25            # HeteroFL's width under which the check run leaves a group out (its levels: 1, 1/2, 1/4, ...)
 
 
 def budgets(ref, runtime: str) -> list[int]:
@@ -35,24 +34,12 @@ def budgets(ref, runtime: str) -> list[int]:
     return [int(low + (high - low) * (i + 0.5) / GROUPS) for i in range(GROUPS)]
 
 
-def without_narrow_groups(fleet, ref, runtime: str, below: float = NARROW):
-    """`fleet` with the groups HeteroFL gives a width under `below` left out of training: their budget
-    lowered under any configuration, so the plan excludes them (with its reason) and they hold their data."""
-    from edgefl.strategies import PlanContext, get_strategy
-    plan = get_strategy("heterofl").plan(PlanContext(fleet, ref, batch_size=BATCH))
-    narrow = {name for name, g in plan.groups.items() if not g.excluded and g.step_at(1).config.head_width < below}
-    return group_fleet(f"{fleet.name}-wide", [(g.name, g.count, 1 if g.name in narrow else g.memory_budget_bytes)
-                                              for g in fleet.groups], runtime)
-
-
 def runs(args, ref) -> list[Run]:
     fleet = group_fleet("profl", [(f"b{i}", 100 // GROUPS, b) for i, b in enumerate(budgets(ref, args.runtime))],
                         args.runtime)
     ceiling = group_fleet("profl-ceiling", [("all", 100, peak_bytes(ref, args.runtime))], args.runtime)
     return [*[Run(m, m, fleet) for m in ("profl", "depthfl", "exclusive", "heterofl", "small")],
-            Run("fedavg", "fedavg", ceiling, ceiling=True),
-            # a check, not a row of the paper's table: HeteroFL without the groups whose width is under 1/4
-            Run(f"heterofl_width_{NARROW:g}_up", "heterofl", without_narrow_groups(fleet, ref, args.runtime))]
+            Run("fedavg", "fedavg", ceiling, ceiling=True)]
 
 
 STUDY = Study(
