@@ -35,16 +35,15 @@ try) goes to the coordinator beside it, which judges it, instead of replacing it
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from edgefl.errors import ArtifactError, ReportRejected, TransportError
+from edgefl.errors import ArtifactError, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.transport import Transport, envelopes, topics
@@ -52,12 +51,12 @@ from edgefl.transport.activity import Activity
 from edgefl.transport.artifact_server import ArtifactServer
 from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
 from edgefl.transport.envelopes import Assignment, TensorBlob
-from edgefl.transport.tensors import PackedTensors, pack, shared_order
-from edgefl.transport.wire import Traffic, Wire, log
+from edgefl.transport.tensors import pack
+from edgefl.transport.uploads import UPLOAD_REJECTED, Upload, config_hash, declares_tensors, finish
+from edgefl.transport.wire import Wire, log
 from edgefl.units import format_bytes
 
 COORDINATOR_ID = "edgefl-coordinator"
-UPLOAD_REJECTED = "upload rejected"     # the reason's prefix of a report this end refused
 OFFLINE = "offline"                     # the reason's prefix of a device that went offline during its round
 _PROBE = "edgefl-probe-"                # check_access's probe ids: no device is called that
 
@@ -78,21 +77,12 @@ class _Route:
     alike: bool = True           # every device so far got `first`
 
 
-@dataclass
-class _Upload:
-    meta: Optional[bytes] = None
-    chunks: dict = field(default_factory=dict)
-    held: int = 0                 # chunk bytes held
-    refused: str = ""             # why its chunks are being dropped
-    traffic: Traffic = field(default_factory=Traffic)
-
-
 class WireTransport(Transport):
     def __init__(self, wire: Wire, chunk_size: int = CHUNK_SIZE, window: int = WINDOW):
         self.wire = wire
         self.artifacts = ArtifactServer(wire, chunk_size, window)
         self._cond = threading.Condition()
-        self._uploads: dict[tuple[str, int], _Upload] = {}
+        self._uploads: dict[tuple[str, int], Upload] = {}
         self._done: dict[int, dict[str, DeviceReport]] = {}      # round -> device -> its first report
         self._further: dict[int, list[DeviceReport]] = {}         # round -> later reports of the same devices
         self._strays: list[DeviceReport] = []                     # refused, for no sent round: the next collect
@@ -343,11 +333,11 @@ class WireTransport(Transport):
     def _on_upload(self, t: topics.Topic, payload: bytes, wire_bytes: int) -> None:
         key = (t.device, t.round)
         with self._cond:
-            if key not in self._limits and (t.kind == "result_chunk" or _declares_tensors(payload)):
+            if key not in self._limits and (t.kind == "result_chunk" or declares_tensors(payload)):
                 if t.kind == "result_meta":   # its chunks were dropped as they came: nobody asked for them
                     self._refuse_unsent(t.device, t.round, payload)
                 return
-            up = self._uploads.setdefault(key, _Upload())
+            up = self._uploads.setdefault(key, Upload())
             if t.kind == "result_chunk":
                 if up.refused or t.seq in up.chunks:
                     return                       # refused, or redelivered
@@ -363,7 +353,7 @@ class WireTransport(Transport):
                 return
             up.traffic.add(len(payload), wire_bytes)
             sent = self._limits.get(key)
-            report = self._finish(t.device, t.round, up, sent.upload_bytes if sent else None)
+            report = finish(t.device, t.round, up, sent.upload_bytes if sent else None)
             if report is not None:
                 del self._uploads[key]
                 self._file(report, t.round)
@@ -388,68 +378,6 @@ class WireTransport(Transport):
         else:
             why = f"{device} was not sent an instruction for round {round}"
         log.warning("%s: refused a report: %s", device, why)
-        self._strays.append(DeviceReport(round=round, device_id=device, config_hash=_config_hash(meta),
+        self._strays.append(DeviceReport(round=round, device_id=device, config_hash=config_hash(meta),
                                          status="failed", reason=f"{UPLOAD_REJECTED}: {why}"))
         self._cond.notify_all()
-
-    @staticmethod
-    def _finish(device: str, round: int, up: _Upload, limit: Optional[int]) -> Optional[DeviceReport]:
-        """The report once the meta and all chunks are in (None before); a bad upload becomes a failed report."""
-        if up.meta is None:
-            return None
-        try:
-            meta = envelopes.loads(up.meta, f"{device}: report")
-            if meta.get("schema") != envelopes.REPORT:
-                raise ReportRejected(f"schema {meta.get('schema')!r}, expected {envelopes.REPORT!r}")
-            summary, info, download = meta["report"], meta["tensors"], meta.get("download", {})
-            if up.refused:
-                raise ReportRejected(up.refused)
-            if limit is not None and int(info["bytes"]) > limit:
-                raise ReportRejected(f"{format_bytes(int(info['bytes']))} of tensors, more than the "
-                                     f"{format_bytes(limit)} its instruction expects")
-            if len(up.chunks) < int(info["chunks"]):
-                return None
-            buffer = b"".join(up.chunks[i] for i in range(int(info["chunks"])))
-            if len(buffer) != int(info["bytes"]) or hashlib.sha256(buffer).hexdigest() != info["sha256"]:
-                raise ReportRejected("the tensor buffer does not match its size and sha256")
-            report = envelopes.report_from_summary(summary)
-            _check_fields(report)
-            if report.device_id != device or report.round != round:
-                raise ReportRejected(f"sent on {device}'s round-{round} topic but claims {report.device_id!r}, "
-                                     f"round {report.round}")
-            report.tensors = PackedTensors(buffer, shared_order(info["order"]))   # unpacked when taken
-        except (ReportRejected, TransportError, KeyError, TypeError, ValueError) as exc:
-            return DeviceReport(round=round, device_id=device, config_hash=_config_hash(up.meta),
-                                status="failed", reason=f"{UPLOAD_REJECTED}: {exc}",
-                                upload_bytes=up.traffic.payload_bytes)
-        report.upload_bytes = len(buffer)
-        report.download_bytes = int(download.get("payload_bytes", 0))
-        report.metrics = {**report.metrics, "transport": {"download": download, "upload": up.traffic.to_json()}}
-        return report
-
-
-def _check_fields(report: DeviceReport) -> None:
-    """What the round loop does arithmetic on or prints must be what it says (the summary is the device's word)."""
-    for name in ("loss_before", "loss_after", "wall_s", "peak_rss_bytes", "activation_bytes"):
-        value = getattr(report, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            raise ReportRejected(f"malformed report: {name} is {value!r}")
-    if not isinstance(report.reason, str) or not isinstance(report.config_hash, str):
-        raise ReportRejected("malformed report: reason and config_hash must be strings")
-
-
-def _declares_tensors(meta: bytes) -> bool:
-    """Whether an upload's meta announces a tensor buffer (unreadable: assume it does). A report without one,
-    a device's failed round, holds nothing and is let through wherever it is sent."""
-    try:
-        return int(envelopes.loads(meta, "report")["tensors"]["chunks"]) != 0
-    except (TransportError, KeyError, TypeError, ValueError):
-        return True
-
-
-def _config_hash(meta: Optional[bytes]) -> str:
-    try:
-        return str(envelopes.loads(meta or b"", "report")["report"]["config_hash"])
-    except (TransportError, KeyError, TypeError):
-        return ""
