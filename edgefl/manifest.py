@@ -238,8 +238,8 @@ def _tensor(t: dict) -> TensorEntry:
 def flatten(entries: Sequence[TensorEntry],
             tensors: Mapping[str, np.ndarray] | Callable[[TensorEntry], np.ndarray]) -> np.ndarray:
     """One float32 buffer holding `tensors` (by global name, or read one entry at a time) in `entries` order
-    (counters as float32: exact below 2**24). Each tensor is copied into the buffer as it is read: where
-    reading makes a copy (ONNX Runtime's parameters), only one tensor's is alive at a time."""
+    (counters as float32: exact below 2**24). Each tensor is copied into the buffer as it is read, so the
+    buffer is the only whole copy, and a reader that copies holds one tensor's copy at a time."""
     read = tensors if callable(tensors) else (lambda e: tensors[e.name])
     out = np.empty(sum(e.numel for e in entries), np.float32)
     offset = 0

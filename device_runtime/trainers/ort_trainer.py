@@ -160,4 +160,4 @@ class OrtTrainer(ArtifactTrainer):
     def trained_tensor(self, entry: TensorEntry) -> np.ndarray:
         if entry.kind == "counter":
             return np.asarray(self.counters[entry.local], dtype=entry.dtype)
-        return self.state.parameters[entry.local].data.reshape(entry.shape)    # a copy of ORT's buffer
+        return self.state.parameters[entry.local].data.reshape(entry.shape)    # a view of the state's buffer
