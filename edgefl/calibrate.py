@@ -27,8 +27,7 @@ from typing import Iterable, Mapping, Optional
 from edgefl.calibration import DEFAULTS, RuntimeConstants, family
 from edgefl.cost import PeakTerms, config_cost
 from edgefl.errors import ConfigError
-from edgefl import upper_bound
-from edgefl.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
+from edgefl.upper_bound import FITTED as BOUND_TERMS, MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
 
 SCHEMA = "edgefl.calibration/2"
 DATA_READ = "batch"        # how devices read their data (a report's `data_read`): the one way calibrated
@@ -185,7 +184,7 @@ def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants
     return notes
 
 
-FITTED = ("baseline_bytes",) + upper_bound.FITTED      # what a calibration may change: the measured baseline too
+FITTED = ("baseline_bytes",) + BOUND_TERMS      # what a calibration may change: the measured baseline too
 
 
 def _show(v) -> str:

@@ -158,8 +158,7 @@ class TorchServerModel:
 
     def _evaluate(self, x, y) -> dict:
         judged = self._judged()
-        if self.static_bn is not None and self._estimated is not None and self._estimated[0] is self.state \
-                and self._estimated[1] == judged:
+        if self._estimated is not None and self._estimated[0] is self.state and self._estimated[1] == judged:
             model, config = self._estimated[2:]
         else:
             model = self.global_model(judged).to(self.trainer.device)
