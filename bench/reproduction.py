@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -118,6 +118,8 @@ def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
     p.add_argument("--merge", type=Path, nargs="+", help="combine these result files into -o and stop")
     p.add_argument("--rounds", type=int, default=study.settings.get("rounds"))
     p.add_argument("--partition", default=study.settings.get("partition"))
+    p.add_argument("--data", default="fashion-mnist", choices=("fashion-mnist", "mnist"),
+                   help="the offline image set the study trains on (28x28 grey, 10 classes both)")
     p.add_argument("--train-limit", type=int, default=study.settings.get("train_limit"),
                    help="a seeded subset of the training set")
     p.add_argument("--test-limit", type=int, default=study.settings.get("test_limit"))
@@ -158,12 +160,12 @@ def main(study: Study, description: str, argv=None) -> None:
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
         return
-    train = _subset(load_dataset("fashion-mnist", split="train"), args.train_limit, args.seed)
-    test = _subset(load_dataset("fashion-mnist", split="test"), args.test_limit, args.seed + 1)
+    train = _subset(load_dataset(args.data, split="train"), args.train_limit, args.seed)
+    test = _subset(load_dataset(args.data, split="test"), args.test_limit, args.seed + 1)
     ref = ModelRef.of(study.model, num_classes=10, input_shape=(1, 28, 28))
     settings = {**study.settings, "rounds": args.rounds, "partition": args.partition, "train_limit": args.train_limit,
                 "test_limit": args.test_limit, "runtime": args.runtime, "seed": args.seed, "devices": study.devices,
-                "clients_per_round": study.clients_per_round, "model": ref.label(), "data": "fashion-mnist",
+                "clients_per_round": study.clients_per_round, "model": ref.label(), "data": args.data,
                 "train_examples": len(train.y), "test_examples": len(test.y)}
     loop = LoopSettings(rounds=args.rounds, clients_per_round=study.clients_per_round, seed=args.seed,
                         eval_every=settings["eval_every"], lr=settings["lr"], lr_final=settings["lr_final"])

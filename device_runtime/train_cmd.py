@@ -59,15 +59,38 @@ def _status(field: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
+class PhasePeaks:
+    """The peak RSS of each phase of a round (load, train, upload), by resetting VmHWM after each (Linux >= 4.0:
+    /proc/self/clear_refs); the process's peak is the largest. Once a reset is refused, the later phases' own
+    peaks are not known (None); the whole peak still is."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int | None] = {}
+        self.whole = 0
+        self.split = True
+
+    def end(self, phase: str) -> None:
+        peak = _status("VmHWM")
+        self.whole = max(self.whole, peak)
+        self.peaks[phase] = peak if self.split else None
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            self.split = False
+
+
 def train(args: argparse.Namespace) -> dict:
     """The child's work: load, evaluate, train `steps` steps, evaluate; what it measured."""
     from edgefl.device_runtime.trainers.base import open_trainer
 
     t0 = time.perf_counter()
+    phases = PhasePeaks()
     trainer = open_trainer(args.artifacts, args.runtime, threads=args.threads)
     m = trainer.manifest
     x, y = load_data(args.data, trainer.artifacts)
     loaded_rss = _status("VmRSS")
+    phases.end("load")
     n = min(len(x), args.eval_examples)
     skipped = {"loss": None, "accuracy": None}
     before = trainer.evaluate(x.head(n), y.head(n)) if n else skipped
@@ -75,13 +98,16 @@ def train(args: argparse.Namespace) -> dict:
     losses = trainer.fit(x, y, args.lr, args.steps, args.seed)
     step_s = (time.perf_counter() - t1) / max(args.steps, 1)
     after = trainer.evaluate(x.head(n), y.head(n)) if n else skipped
+    phases.end("train")
+    upload_bytes = int(trainer.upload_buffer().nbytes)
+    phases.end("upload")
     return {"runtime": trainer.runtime, "config_hash": m.config_hash, "artifact_id": m.id, "steps": len(losses),
             "batch_size": m.batch_size, "lr": args.lr, "examples": len(x),
             "loss_before": before["loss"], "loss_after": after["loss"],
             "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
             "first_step_loss": losses[0] if losses else None, "last_step_loss": losses[-1] if losses else None,
-            "trained_tensor_bytes": int(trainer.upload_buffer().nbytes),
-            "peak_rss_bytes": _status("VmHWM"), "loaded_rss_bytes": loaded_rss,
+            "trained_tensor_bytes": upload_bytes, "peak_rss_bytes": phases.whole, "loaded_rss_bytes": loaded_rss,
+            "phase_peak_rss_bytes": phases.peaks,
             "predicted_peak_bytes": (m.predicted or {}).get("peak_memory_bytes"),
             "step_seconds": step_s, "wall_seconds": time.perf_counter() - t0, "threads": args.threads,
             "mmap_threshold": int(os.environ.get("MALLOC_MMAP_THRESHOLD_", 0)) or None,
@@ -138,6 +164,9 @@ def print_report(r: dict) -> None:
             ("peak RSS", format_bytes(r["peak_rss_bytes"]) + (f" (predicted {format_bytes(r['predicted_peak_bytes'])})"
                                                               if r.get("predicted_peak_bytes") else "")),
             ("step time", f"{r['step_seconds'] * 1e3:.1f} ms"), ("wall time", f"{r['wall_seconds']:.2f} s")]
+    phases = r.get("phase_peak_rss_bytes") or {}
+    if all(phases.values()) and phases:       # where the peak is: loading, training or building the upload
+        rows.insert(-2, ("peak by phase", ", ".join(f"{name} {format_bytes(v)}" for name, v in phases.items())))
     for key, value in rows:
         print(f"{key:16} {value}")
 

@@ -52,11 +52,15 @@ def test_train_command_reports_what_it_measured(exported, tmp_path):
     assert report["runtime"] == "ort" and report["config_hash"] == CONFIG.hash() and report["steps"] == 6
     assert report["trained_tensor_bytes"] == a.suffix.upload_bytes
     assert report["peak_rss_bytes"] >= report["loaded_rss_bytes"] > 0
+    phases = report["phase_peak_rss_bytes"]             # each phase's own peak: the process's is the largest
+    assert list(phases) == ["load", "train", "upload"] and max(phases.values()) == report["peak_rss_bytes"]
+    assert min(phases.values()) >= report["loaded_rss_bytes"] // 2
     assert report["mmap_threshold"] == 128 * 1024 and report["torch_loaded"] is False
     assert report["loss_after"] < report["loss_before"]        # 6 steps over 20 examples, evaluated on them
     assert report["predicted_peak_bytes"] == a.suffix.predicted["peak_memory_bytes"]
     table = device("train", "--artifacts", a.folder, "--data", tmp_path, "--steps", 1)
     assert table.returncode == 0 and "peak RSS" in table.stdout and "trained tensors" in table.stdout
+    assert "peak by phase    load " in table.stdout and ", upload " in table.stdout
 
 
 def test_the_device_policy_is_the_cost_models():
@@ -85,6 +89,9 @@ def test_tampered_artifacts_exit_2_with_one_line(exported, tmp_path):
     (folder / "prefix" / "prefix.onnx").unlink()
     shutil.copy(exported("ort", RESNET, CONFIG).folder / "training_model.onnx", path)
     one_line_error(device("train", "--artifacts", folder, "--data", data), "prefix.onnx", "missing")
+    shutil.copy(exported("ort", RESNET, CONFIG).folder / "prefix" / "prefix.onnx", folder / "prefix" / "prefix.onnx")
+    (folder / "prefix" / "prefix.weights").unlink()       # the prefix's weights travel beside its graph
+    one_line_error(device("train", "--artifacts", folder, "--data", data), "prefix.weights", "missing")
 
 
 def test_bad_data_and_runtime_exit_2(exported, tmp_path):

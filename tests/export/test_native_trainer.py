@@ -224,6 +224,8 @@ def test_edgefl_device_trains_natively_with_torch_and_executorch_blocked(exporte
     report = json.loads(proc.stdout)
     assert report["trainer"] == "native" and report["torch_loaded"] is False and report["steps"] == 5
     assert report["loss_before"] is not None and report["peak_rss_bytes"] < 64 * 2**20
+    phases = report["phase_peak_rss_bytes"]             # as the Python trainers report them
+    assert sorted(phases) == ["load", "train", "upload"] and max(phases.values()) == report["peak_rss_bytes"]
 
 
 def test_an_unbuilt_native_trainer_says_how_to_build_it(exported, tmp_path, monkeypatch, capsys):

@@ -91,6 +91,25 @@ int64_t vm_status(const char* field) {
   return 0;
 }
 
+// The peak RSS of each phase of a run (load, train, upload), by resetting VmHWM after each (Linux >= 4.0:
+// /proc/self/clear_refs); the process's peak is the largest. Once a reset is refused, the later phases' own
+// peaks are not known (null); the whole peak still is. Mirrors the Python trainer's report.
+struct PhasePeaks {
+  Json peaks = Json::object();
+  int64_t whole = 0;
+  bool split = true;
+
+  void end(const char* phase) {
+    const int64_t peak = vm_status("VmHWM");
+    whole = std::max(whole, peak);
+    peaks.set(phase, split ? Json(peak) : Json());
+    std::ofstream reset("/proc/self/clear_refs");
+    reset << "5";
+    reset.flush();
+    split = split && static_cast<bool>(reset);
+  }
+};
+
 Json evaluate(EtTrainer& trainer, LocalData& data, int64_t examples) {
   double loss = 0;
   int64_t counted = 0, correct = 0;
@@ -140,6 +159,7 @@ std::vector<std::vector<int64_t>> schedule(const Options& o, int64_t examples, i
 
 Json run(const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  PhasePeaks phases;
   const ArtifactSet set = open_artifact_set(o.artifacts, o.verify);
   LocalData data(o.data, set);
   EtTrainer trainer(set, static_cast<int>(o.threads));
@@ -148,6 +168,7 @@ Json run(const Options& o) {
                     "batches of exactly " + std::to_string(trainer.batch()) + ": give at least that many or export "
                     "the set with a smaller --batch-size");
   const int64_t loaded_rss = vm_status("VmRSS");
+  phases.end("load");
   const int64_t eval_n = std::min(o.eval_examples, data.examples());
   Json before = eval_n ? evaluate(trainer, data, eval_n) : Json();
 
@@ -162,6 +183,7 @@ Json run(const Options& o) {
   }
   const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   Json after = eval_n ? evaluate(trainer, data, eval_n) : Json();
+  phases.end("train");
 
   std::vector<float> counters;
   const FloatPieces upload = trainer.upload(counters);
@@ -172,6 +194,7 @@ Json run(const Options& o) {
     npy_write_f32(partial, upload);
     if (std::rename(partial.c_str(), o.out.c_str()) != 0) throw UserError(o.out + ": cannot write the upload there");
   }
+  phases.end("upload");
   struct utsname host {};
   uname(&host);
   const Json& predicted = set.suffix.json["predicted"];
@@ -200,7 +223,8 @@ Json run(const Options& o) {
     report.set("losses", Json(all));
   }
   report.set("upload_bytes", Json(static_cast<int64_t>(upload_values * 4)));
-  report.set("peak_rss_bytes", Json(vm_status("VmHWM")));
+  report.set("peak_rss_bytes", Json(phases.whole));
+  report.set("phase_peak_rss_bytes", phases.peaks);
   report.set("loaded_rss_bytes", Json(loaded_rss));
   report.set("predicted_peak_bytes",
              predicted.is_null() || !predicted.has("peak_memory_bytes") ? Json() : predicted["peak_memory_bytes"]);
