@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -111,6 +111,16 @@ class Study:
     model: str = "resnet20"
     clients_per_round: int = 10
     devices: int = 100
+    # the paper's table for a non-iid partition where it has one apart from `paper`'s: its "source", "accuracy"
+    # and "order" (e.g. FedOLF: Table 2 iid, Table 1 Dirichlet(0.1))
+    non_iid: Optional[dict] = None
+
+    def compared_with(self, partition: str) -> tuple[dict, list[str]]:
+        """The paper's numbers and order a run on `partition` is compared with."""
+        if partition == "iid" or self.non_iid is None:
+            return self.paper, self.paper_order
+        table = {k: v for k, v in self.non_iid.items() if k != "order"}
+        return {**self.paper, **table}, self.non_iid["order"]
 
 
 def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
@@ -138,7 +148,7 @@ def summarise(result: dict, paper_order: list[str]) -> None:
     result["ceiling_final"] = ceilings[0]["final"] if ceilings else None
 
 
-def merge(paths: list[Path], paper_order: list[str]) -> dict:
+def merge(paths: list[Path]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     for path, part in zip(paths[1:], parts[1:]):
         if part["settings"] != parts[0]["settings"]:
@@ -149,14 +159,14 @@ def merge(paths: list[Path], paper_order: list[str]) -> dict:
     result = {**parts[0], "merged_from": [Path(p).name for p in paths], "methods": {}}
     for part in parts:
         result["methods"].update(part["methods"])
-    summarise(result, paper_order)
+    summarise(result, parts[0]["paper_order"])
     return result
 
 
 def main(study: Study, description: str, argv=None) -> None:
     args = arguments(study, description, argv)
     if args.merge:
-        result = merge(args.merge, study.paper_order)
+        result = merge(args.merge)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
         return
@@ -177,7 +187,8 @@ def main(study: Study, description: str, argv=None) -> None:
         if unknown := [w for w in wanted if w not in {r.label for r in runs}]:
             raise SystemExit(f"--only {unknown}: this study's runs are {[r.label for r in runs]}")
         runs = [r for r in runs if r.label in wanted]
-    result = {"paper": study.paper, "settings": settings, "methods": {}, "load_before": os.getloadavg()}
+    paper, paper_order = study.compared_with(args.partition)
+    result = {"paper": paper, "settings": settings, "methods": {}, "load_before": os.getloadavg()}
     if args.output.exists():     # a re-run of some labels keeps the others' rows
         old = json.loads(args.output.read_text())
         if old.get("settings") == settings:
@@ -189,7 +200,7 @@ def main(study: Study, description: str, argv=None) -> None:
         row.update(method=run.method, ceiling=run.ceiling, options=run.emulate)
         row["groups"] = {g.name: {"devices": g.count, "memory_budget": g.memory_budget_bytes} for g in run.fleet.groups}
         result["methods"][run.label] = row
-        summarise(result, study.paper_order)
+        summarise(result, paper_order)
         result["load_after"] = os.getloadavg()
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")

@@ -52,10 +52,21 @@ def test_energy_estimate_is_the_profiles_active_power_over_compute_and_transfer_
 
 def test_merge_refuses_parts_whose_budgets_were_priced_by_other_constants(tmp_path):
     from reproduction import merge
-    part = {"settings": {"rounds": 2}, "budgets_bytes": {"b0": 100}, "methods": {"a": {"final": 0.5, "best": 0.5}}}
+    part = {"settings": {"rounds": 2}, "budgets_bytes": {"b0": 100}, "paper_order": ["a", "b"],
+            "methods": {"a": {"final": 0.5, "best": 0.5}}}
     (tmp_path / "a.json").write_text(json.dumps(part))
     (tmp_path / "b.json").write_text(json.dumps({**part, "budgets_bytes": {"b0": 90}, "methods": {"b": {"final": 0.4}}}))
     with pytest.raises(SystemExit, match="other budgets"):
-        merge([tmp_path / "a.json", tmp_path / "b.json"], ["a", "b"])
+        merge([tmp_path / "a.json", tmp_path / "b.json"])
     (tmp_path / "b.json").write_text(json.dumps({**part, "methods": {"b": {"final": 0.4, "best": 0.4}}}))
-    assert set(merge([tmp_path / "a.json", tmp_path / "b.json"], ["a", "b"])["methods"]) == {"a", "b"}
+    assert set(merge([tmp_path / "a.json", tmp_path / "b.json"])["methods"]) == {"a", "b"}
+
+
+def test_a_non_iid_run_is_compared_with_the_papers_non_iid_table():
+    import reproduce_fedolf
+    study = reproduce_fedolf.STUDY
+    paper, order = study.compared_with("iid")
+    assert order == study.paper_order and paper["accuracy"]["slt"] == 45.80
+    paper, order = study.compared_with("dirichlet:0.1")
+    assert order[:3] == ["fedolf", "fedolf+toa0.75", "slt"] and paper["accuracy"]["slt"] == 25.04
+    assert "Table 1" in paper["source"] and paper["setting"] == study.paper["setting"]
