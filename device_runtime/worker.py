@@ -47,12 +47,11 @@ def train(spec: dict) -> dict:
         for start in range(0, whole, trainer.batch_size):
             idx = order[start:start + trainer.batch_size]
             losses.append(float(trainer.train_step(x[idx], np.asarray(y[idx], np.int64).reshape(-1), spec["lr"])))
-    buffer = trainer.upload_buffer()
-    np.save(spec["out"], buffer)
+    upload_bytes = trainer.write_upload(spec["out"])
     return {"runtime": trainer.runtime, "steps": len(losses), "examples": used, "batch_size": trainer.batch_size,
             "data_read": "batch",      # load_data reads a batch at a time (edgefl.device_runtime.local_data)
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-            "upload_bytes": int(buffer.nbytes), "peak_rss_bytes": vm_status("VmHWM"),
+            "upload_bytes": upload_bytes, "peak_rss_bytes": vm_status("VmHWM"),
             "wall_s": time.perf_counter() - t0,
             "torch_loaded": sys.modules.get("torch") is not None}
 

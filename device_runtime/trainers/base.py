@@ -29,7 +29,7 @@ from typing import ClassVar, Optional
 import numpy as np
 
 from edgefl.errors import ArtifactError, ConfigError, MissingDependencyError
-from edgefl.manifest import ArtifactSet, TensorEntry, flatten
+from edgefl.manifest import ArtifactSet, TensorEntry, flatten, write_flat
 
 IGNORE_INDEX = -100
 
@@ -122,6 +122,11 @@ class ArtifactTrainer(ABC):
         the round's end holds one copy of the trained tensors, not a copy of each and then their concatenation
         (a VGG-11 ORT set with 31 MiB of trained weights peaked there: 227 MiB, against 181 in its steps)."""
         return flatten(self.manifest.trainable, self.trained_tensor)
+
+    def write_upload(self, path) -> int:
+        """The upload buffer written to `path` (.npy) a tensor at a time from the trainer's buffers, never whole in
+        memory (what a round's worker does); the bytes of values written."""
+        return write_flat(path, self.manifest.trainable, self.trained_tensor)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray) -> dict:
         """Mean cross-entropy over the non-ignored targets and their accuracy, in batches of the manifest's

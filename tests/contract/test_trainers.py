@@ -41,7 +41,7 @@ def make(runtime, ref, config, exported) -> ArtifactTrainer:
 @pytest.mark.parametrize("runtime", backend_params(RUNTIMES))
 @pytest.mark.parametrize("ref, config", CASES)
 class TestContract:
-    def test_a_trainer_loads_evaluates_and_trains(self, runtime, ref, config, exported):
+    def test_a_trainer_loads_evaluates_and_trains(self, runtime, ref, config, exported, tmp_path):
         # one trainer through its life (loading programs is what costs time): load, read, evaluate, train
         trainer = make(runtime, ref, config, exported)
         m = trainer.manifest
@@ -63,6 +63,16 @@ class TestContract:
         finally:
             tracemalloc.stop()
         assert upload.nbytes == m.upload_bytes and upload.nbytes <= allocated < 1.5 * upload.nbytes
+        # a round writes it to its file a tensor at a time: at most one tensor's copy, never the whole buffer
+        tracemalloc.start()
+        try:
+            written = trainer.write_upload(tmp_path / "upload.npy")
+            allocated = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        largest = max(4 * e.numel for e in m.trainable)
+        assert written == upload.nbytes and allocated < largest + 64 * 1024, (allocated, largest, written)
+        np.testing.assert_array_equal(np.load(tmp_path / "upload.npy"), upload)
 
         # the prefix's features have the prefix manifest's shapes
         outputs = trainer.artifacts.prefix.outputs
