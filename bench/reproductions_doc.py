@@ -169,7 +169,7 @@ def render_slt() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedepth", "profl")}}
+RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")}}
 
 
 def main() -> None:
