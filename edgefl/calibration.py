@@ -90,8 +90,9 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # one copy: measured/predicted 0.92-0.98 in sample (device rows 0.92-0.98); held out (a family priced with the
     # others' terms: the generic fixed term is the largest F + D of any family and its device bytes 0, as how a new
     # family's total splits between loop and device process is not known), loops and device rows: cnn 0.87-0.95,
-    # densenet40 0.90-0.96, resnet 0.87-0.96, transformer 0.86-0.98, vgg11bn 0.87-0.96, vit 0.88-0.94. Under glibc's default dynamic mmap threshold the heap fragments and peaks
-    # grow up to ~2x: see bench/results/memory_model.json, allocator.
+    # densenet40 0.90-0.96, resnet 0.87-0.96, transformer 0.86-0.98, vgg11bn 0.87-0.96, vit 0.88-0.94. Under glibc's
+    # default dynamic mmap threshold the heap fragments and peaks grow up to ~2x: see bench/results/memory_model.json,
+    # allocator.
     "torch": RuntimeConstants(
         228_560_896, 144_457_451, 1.11,
         "measured import RSS; workspace an upper bound per family on measured peaks",

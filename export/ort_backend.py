@@ -1,8 +1,8 @@
 """ONNX Runtime backend: the prefix as an ONNX inference model, the suffix as ORT training artifacts.
 
-Files. Prefix: `prefix.onnx` (eval mode, constants folded) and its weights as external data, `prefix.weights`. Suffix: `training_model.onnx`,
-`eval_model.onnx`, `checkpoint` (parameters and BN statistics, BN batch counters as int properties
-under their runtime names) and, for AdamW, `optimizer_model.onnx` (ORT's AdamW in torch's mode).
+Files. Prefix: `prefix.onnx` (eval mode, constants folded) with its weights as external data, `prefix.weights`.
+Suffix: `training_model.onnx`, `eval_model.onnx`, `checkpoint` (parameters and BN statistics, BN batch counters
+as int properties under their runtime names) and, for AdamW, `optimizer_model.onnx` (ORT's AdamW in torch's mode).
 Graphs come from the TorchScript exporter (opset 17; the dynamo exporter emits ops ORT cannot
 differentiate and exports BN in eval mode) with the edits of edgefl.export.onnx_graph.
 

@@ -118,9 +118,9 @@ class ArtifactTrainer(ABC):
         return {e.name: np.array(self.trained_tensor(e), copy=True) for e in self.manifest.trainable}
 
     def upload_buffer(self) -> np.ndarray:
-        """The flat float32 upload buffer (manifest order), filled a tensor at a time from the trainer's buffers:
-        the round's end holds one copy of the trained tensors, not a copy of each and then their concatenation
-        (a VGG-11 ORT set with 31 MiB of trained weights peaked there: 227 MiB, against 181 in its steps)."""
+        """The flat float32 upload buffer (manifest order) in memory, filled a tensor at a time from the trainer's
+        buffers: one copy of the trained tensors, not a copy of each and then their concatenation. A round writes
+        its upload with `write_upload`, which holds none."""
         return flatten(self.manifest.trainable, self.trained_tensor)
 
     def write_upload(self, path) -> int:
