@@ -13,7 +13,8 @@ set, then train it `--steps` steps at batch 32 in a fresh device process exactly
 for ORT, data read a batch at a time, and its default evaluation before and after training on the first 256
 examples: the evaluation and the first step are part of the peak a device sees; `--eval-examples 0`
 measures training alone) on 256 random examples, and record its peak RSS (VmHWM), step time, the artifact
-bytes (suffix + prefix), the upload bytes and the cost model's predicted peak. Grid: K in {0, middle,
+bytes (suffix + prefix), the upload bytes, the cost model's predicted peak and each phase's own peak (load,
+train, upload: `phase_peak_rss_bytes`, where the device's report has it). Grid: K in {0, middle,
 all-but-head} x S in {0.25, 0.5, 1} (GRID: the CNN's 4 layers: K in {0, 1, 3}).
 
 ExecuTorch: the row is the native trainer (`edgefl-et-train`, the default path of `edgefl-device train`);
@@ -28,8 +29,9 @@ Constants (edgefl/calibration.py) fitted here for ort and executorch (edgefl.upp
 promise"): `baseline_bytes` measured (ort: RSS of a fresh process importing onnxruntime through the
 torch-free shim and opening one session; executorch: the peak RSS of a fresh `edgefl-et-train --version`
 under GNU time, its libraries loaded and kernels registered, no program); the workspace factor, the
-per-byte weight copies (trained, frozen) and the fixed term fitted as an upper bound: every row predicts >=
-measured + max(2% of it, 1 MiB), with the smallest measured / predicted as large as the grid allows. Then
+per-byte weight copies (trained, frozen; at most 1 each: GRID_COPIES) and the fixed term fitted as an upper
+bound: every row predicts >= measured + max(2% of it, 1 MiB), with the smallest measured / predicted as large
+as the grid allows. Then
 leave-one-family-out: fitted on the other model families' rows, checked on the held-out family's. torch rows
 are reported under the constants in force: bench/memory_model.py fits torch on them and its own peaks.
 
