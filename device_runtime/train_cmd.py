@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from edgefl.device_runtime.child import MMAP_THRESHOLD  # edgefl.measure's policy (a test checks they agree)
+from edgefl.device_runtime.worker import vm_status
 from edgefl.errors import ConfigError
 
 
@@ -54,11 +55,6 @@ def load_data(path: Path, artifacts) -> tuple:
     return x.astype(model.dtype), y
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
 class PhasePeaks:
     """The peak RSS of each phase of a round (load, train, upload), by resetting VmHWM after each (Linux >= 4.0:
     /proc/self/clear_refs); the process's peak is the largest. Once a reset is refused, the later phases' own
@@ -70,7 +66,7 @@ class PhasePeaks:
         self.split = True
 
     def end(self, phase: str) -> None:
-        peak = _status("VmHWM")
+        peak = vm_status("VmHWM")
         self.whole = max(self.whole, peak)
         self.peaks[phase] = peak if self.split else None
         try:
@@ -89,7 +85,7 @@ def train(args: argparse.Namespace) -> dict:
     trainer = open_trainer(args.artifacts, args.runtime, threads=args.threads)
     m = trainer.manifest
     x, y = load_data(args.data, trainer.artifacts)
-    loaded_rss = _status("VmRSS")
+    loaded_rss = vm_status("VmRSS")
     phases.end("load")
     n = min(len(x), args.eval_examples)
     skipped = {"loss": None, "accuracy": None}

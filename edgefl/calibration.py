@@ -130,8 +130,8 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms as above, a
     # family's own with hidden_bytes, the weight copies at most 1 each as ORT's. On 35 peaks of exported sets:
     # measured/predicted 0.90-0.98 (cnn 0.90-0.96, resnet 0.91-0.98, transformer 0.92-0.98, vgg11bn 0.92-0.98, vit
-    # 0.91-0.98); held out: cnn 0.70-0.86, resnet
-    # 0.74-0.94, transformer 0.77-0.96, vgg11bn 0.82-0.97, vit 0.70-0.87. Most of a peak is the suffix program's
+    # 0.91-0.98); held out: cnn 0.70-0.86, resnet 0.74-0.94, transformer 0.77-0.96, vgg11bn 0.82-0.97, vit
+    # 0.70-0.87. Most of a peak is the suffix program's
     # memory-planned arena: the step's live bytes, and when a layer before the last trains a few MiB more (a
     # convolution's patch matrices, built 2 MiB at a time, and their gradients: hidden_bytes; ResNet-20's arena
     # is the cost model's step peak + 5-6 MiB at frozen prefixes 0 and 10, + 0 with the head alone). prefix_batch

@@ -235,19 +235,25 @@ def _tensor(t: dict) -> TensorEntry:
 
 # ----------------------------------------------------------------------------------- flat buffers
 
-def flatten(entries: Sequence[TensorEntry],
-            tensors: Mapping[str, np.ndarray] | Callable[[TensorEntry], np.ndarray]) -> np.ndarray:
-    """One float32 buffer holding `tensors` (by global name, or read one entry at a time) in `entries` order
-    (counters as float32: exact below 2**24). Each tensor is copied into the buffer as it is read, so the
-    buffer is the only whole copy, and a reader that copies holds one tensor's copy at a time."""
+def _in_order(entries: Sequence[TensorEntry], tensors: Mapping[str, np.ndarray] | Callable[[TensorEntry], np.ndarray]):
+    """Each entry's tensor (by global name, or read one entry at a time), flat, checked against the manifest's
+    shape: one tensor at a time, so a reader that copies holds one tensor's copy at once."""
     read = tensors if callable(tensors) else (lambda e: tensors[e.name])
-    out = np.empty(sum(e.numel for e in entries), np.float32)
-    offset = 0
     for e in entries:
         t = np.asarray(read(e))
         if t.shape != e.shape:
             raise ValueError(f"tensor {e.name}: shape {t.shape}, the manifest says {e.shape}")
-        out[offset:offset + e.numel] = t.reshape(-1)
+        yield e, t.reshape(-1)
+
+
+def flatten(entries: Sequence[TensorEntry],
+            tensors: Mapping[str, np.ndarray] | Callable[[TensorEntry], np.ndarray]) -> np.ndarray:
+    """One float32 buffer holding `tensors` in `entries` order (counters as float32: exact below 2**24). Each
+    tensor is copied into the buffer as it is read, so the buffer is the only whole copy."""
+    out = np.empty(sum(e.numel for e in entries), np.float32)
+    offset = 0
+    for e, t in _in_order(entries, tensors):
+        out[offset:offset + e.numel] = t
         offset += e.numel
     return out
 
@@ -257,15 +263,11 @@ def write_flat(path: str | Path, entries: Sequence[TensorEntry],
     """`flatten`'s buffer written to `path` as a 1-D float32 .npy file a tensor at a time, never whole in memory:
     what a device's round writes for its upload (building the buffer first set VGG-11's peak: its 31.5 MiB of
     trained weights on top of what the steps left resident). Returns the bytes of values written."""
-    read = tensors if callable(tensors) else (lambda e: tensors[e.name])
     count = sum(e.numel for e in entries)
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (count,)})
-        for e in entries:
-            t = np.asarray(read(e))
-            if t.shape != e.shape:
-                raise ValueError(f"tensor {e.name}: shape {t.shape}, the manifest says {e.shape}")
-            f.write(np.ascontiguousarray(t, dtype="<f4").reshape(-1).data)   # a copy of this one tensor at most
+        for _, t in _in_order(entries, tensors):
+            f.write(np.ascontiguousarray(t, dtype="<f4").data)   # a copy of this one tensor at most
     return 4 * count
 
 
