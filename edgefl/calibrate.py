@@ -14,8 +14,10 @@ than the plan's `examples`, or read its data other than a batch at a time (an ag
 memory measures its data, not the runtime: the calibration would learn the data as overhead and exclude
 groups the plan could keep), and a report that does not say so (an older agent).
 
-The result is a calibration file (`{"schema", "runtimes": {name: {workspace_fixed_bytes, source}}, "fit"}`)
-that `edgefl plan --calibration FILE` reads through `edgefl.calibration.load_calibration`.
+The result is a calibration file (`{"schema", "runtimes": {name: {workspace_fixed_bytes, families, source}},
+"fit"}`) that `edgefl plan --calibration FILE` reads through `edgefl.calibration.load_calibration`. The refitted
+term is the calibrated model's family's own (`RuntimeConstants.families`), also for a family the benchmarks never
+measured: the generic terms stay the bound every other unmeasured family is priced with.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants, family
+from edgefl.calibration import DEFAULTS, RuntimeConstants
 from edgefl.cost import PeakTerms, config_cost
 from edgefl.errors import ConfigError
 from edgefl.upper_bound import FITTED as BOUND_TERMS, MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
@@ -89,10 +91,11 @@ def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConst
                               source=f"edgefl calibrate: fixed term an upper bound (+{MARGIN_FRACTION:.0%}, >= "
                                      f"{MARGIN_BYTES >> 20} MiB) on {len(rows)} measured device peaks{where}")
         new = fit.constants.workspace_fixed_bytes
-        placed = (base[runtime].with_family(model, new, old.workspace_factor, old.trained_weight_copies,
-                                            old.frozen_weight_copies, old.device_bytes, old.hidden_bytes)
-                  if any(f[0] == family(model) for f in base[runtime].families)
-                  else replace(base[runtime], workspace_fixed_bytes=new))
+        # always the model's family's own entry: a model of a family the benchmarks never measured is priced
+        # with the generic terms, the bound over every measured family; its devices' peaks say nothing about
+        # another unmeasured family, which keeps that bound
+        placed = base[runtime].with_family(model, new, old.workspace_factor, old.trained_weight_copies,
+                                           old.frozen_weight_copies, old.device_bytes, old.hidden_bytes)
         before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
         fits[runtime] = RuntimeFit(runtime, len(rows), new - old.workspace_fixed_bytes, _band(before), fit.band,
                                    replace(placed, source=fit.constants.source))

@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -34,6 +35,29 @@ def test_the_fixed_term_covers_the_worst_device_with_its_margin():
     # a runtime over-predicted everywhere gets tighter, still above every peak
     assert torch_fit.shift_bytes < 0 and torch_fit.ratio_after[1] <= 1 / 1.02 + 1e-9
     assert torch_fit.ratio_after[0] > torch_fit.ratio_before[0]
+
+
+def test_calibrating_a_model_of_an_unmeasured_family_leaves_the_generic_bound_alone(tmp_path):
+    # executorch's benchmarks never measured densenet40: it is priced with the generic terms, as is any other
+    # unmeasured family; its devices' peaks move its own entry only
+    generic = DEFAULTS["executorch"].for_model("densenet40")
+    terms = PeakTerms(floor=300 * MiB, trained_param_bytes=0, frozen_bytes=0, step_peak_bytes=0, kept_bytes=0)
+    predicted = terms.peak(generic)
+    samples = [PeakSample("executorch", "g", f"d{i}", 1, predicted, predicted - r * MiB, terms, "densenet40")
+               for i, r in enumerate([30, 25])]
+    fit = fit_overheads(samples)["executorch"]
+    k = fit.constants
+    assert fit.shift_bytes < 0
+    assert k.for_model("densenet40").workspace_fixed_bytes == generic.workspace_fixed_bytes + fit.shift_bytes
+    assert k.for_model("densenet40").workspace_factor == generic.workspace_factor
+    assert k.workspace_fixed_bytes == DEFAULTS["executorch"].workspace_fixed_bytes    # the generic bound
+    assert replace(k.for_model("vgg11bn"), source="") == replace(DEFAULTS["executorch"].for_model("vgg11bn"), source="")
+    # and through the file the planner reads
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration_json({"executorch": fit})))
+    loaded = load_calibration(path)["executorch"]
+    assert loaded.for_model("densenet40").workspace_fixed_bytes == k.for_model("densenet40").workspace_fixed_bytes
+    assert loaded.workspace_fixed_bytes == DEFAULTS["executorch"].workspace_fixed_bytes
 
 
 def test_calibration_file_round_trips_through_the_planner_loader(tmp_path):
