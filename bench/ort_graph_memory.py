@@ -3,8 +3,8 @@
 For each set (exported as `edgefl export` writes it), the training graph runs once in an InferenceSession with
 every node's output made a graph output, which sizes every tensor exactly (ONNX shape inference leaves many of
 a training graph's tensors unsized). Walking the nodes in the graph's order, a tensor lives from the node that
-makes it to its last reader: the most bytes alive at once is the graph's live peak, the least any executor of
-this graph must hold for its activations and gradients. The rows set it beside the cost model's step peak and
+makes it to its last reader: the most bytes alive at once is the graph's live peak, what an executor running
+the nodes in this order must hold for its activations and gradients, before any kernel scratch. The rows set it beside the cost model's step peak and
 kept bytes (torch autograd's accounting, what `workspace_factor` scales), and beside the peak a device measured
 for the same set in bench/results/artifact_memory.json.
 
