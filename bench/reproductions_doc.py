@@ -149,6 +149,45 @@ def render_caff_seeds(names: tuple[str, ...] = ("caff", "caff_seed1")) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_study_seeds(name: str) -> str:
+    """A study's runs at every seed (`reproduce_<name>.json` is seed 0, `reproduce_<name>_seed<N>.json` the
+    others): per method the final and best accuracy at each seed and their means, each seed's order and verdict,
+    and the order of the means under the same tie rule."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from reproduction import compare
+
+    paths = [RESULTS / f"reproduce_{name}.json"] + sorted(RESULTS.glob(f"reproduce_{name}_seed*.json"),
+                                                            key=lambda p: int(p.stem.rsplit("seed", 1)[1]))
+    runs = [json.loads(p.read_text()) for p in paths if p.exists()]
+    if len(runs) < 2:
+        return f"No second seed yet: run `python bench/reproduce_{name.split('_')[0]}.py ... --seed 1`.\n"
+    seeds = [r["settings"]["seed"] for r in runs]
+    order = runs[0]["paper_order"]
+    methods = order + [m for m in runs[0]["methods"] if m not in order]
+    lines = ["| method | paper | " + " | ".join(f"seed {s}: final (best)" for s in seeds) + " | mean final | mean best |",
+             "|---|---|" + "---|" * (len(seeds) + 2)]
+    means = {}
+    for m in methods:
+        got = [r["methods"].get(m) for r in runs]
+        if any(g is None for g in got):
+            lines.append(f"| {m} | {runs[0]['paper']['accuracy'].get(m, '')} | "
+                         + " | ".join("not run" if g is None else f"{pct(g['final'])} ({pct(g['best'])})" for g in got)
+                         + " | | |")
+            continue
+        means[m] = {"final": sum(g["final"] for g in got) / len(got), "best": sum(g["best"] for g in got) / len(got)}
+        label = f"{m} (ceiling)" if got[0].get("ceiling") else m
+        lines.append(f"| {label} | {runs[0]['paper']['accuracy'].get(m, '')} | "
+                     + " | ".join(f"{pct(g['final'])} ({pct(g['best'])})" for g in got)
+                     + f" | {pct(means[m]['final'])} | {pct(means[m]['best'])} |")
+    lines += ["", "| seed | ours | matches |", "|---|---|---|"]
+    lines += [f"| {s} | {' > '.join(r['our_order'])} | {verdict(r['matches_paper_order'])} |" for s, r in zip(seeds, runs)]
+    mean = compare(means, order)
+    lines += ["", f"Order of the means over seeds {', '.join(map(str, seeds))}: {' > '.join(mean['our_order'])}"
+              + (f" (ties within a point: {', '.join('~'.join(t) for t in mean['ties'])})" if mean["ties"] else "")
+              + f". Matches the paper's {' > '.join(order)}: {verdict(mean['matches_paper_order'])}."]
+    return "\n".join(lines) + "\n"
+
+
 def paper_column(accuracy: dict, i: int) -> dict:
     """The paper's i-th memory column (tightest first), set beside ours of the same rank (CAFF's Table 1 has
     500 / 700 / 900 MB; ours are the last 1 / 2 / 4 blocks)."""
@@ -169,7 +208,8 @@ def render_slt() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")}}
+RENDER = {"slt": render_slt, "fedolf_mnist_seeds": lambda: render_study_seeds("fedolf_mnist"),
+          "fedolf_dirichlet_seeds": lambda: render_study_seeds("fedolf_dirichlet"), "caff": render_caff, "caff_seeds": render_caff_seeds, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")}}
 
 
 def main() -> None:
