@@ -69,6 +69,19 @@ class RuntimeConstants:
         return replace(self, families=tuple(sorted(rest + (entry,))))
 
 
+def unmeasured_note(constants: "RuntimeConstants", runtime: str, model: str) -> str | None:
+    """A plan's note when `model`'s family has no measured constants of its own on `runtime` (None when it has):
+    it is priced with the generic terms, each the largest any measured family needed, a bound that holds with
+    more memory to spare than a family's own."""
+    name = family(model)
+    measured = sorted(f[0] for f in constants.families)
+    if not measured or name in measured:
+        return None
+    return (f"{runtime}: no measured memory constants for {name}; its peaks are priced with each term's largest "
+            f"over the measured families ({', '.join(measured)}): safe, and looser than a family's own; 'edgefl "
+            f"calibrate' on a served run fits {name}'s own")
+
+
 def family(model: str) -> str:
     """A model's family for its memory constants: ResNets of every depth are one."""
     return "resnet" if model.startswith("resnet") else model

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants
+from edgefl.calibration import DEFAULTS, RuntimeConstants, unmeasured_note
 from edgefl.cost import Cost, config_cost
 from edgefl.fleet import Fleet, Group
 from edgefl.plan import GroupPlan, Plan, Step, violations
@@ -126,8 +126,11 @@ class Strategy:
         name (read them with numpy); write what was decided into `record.decisions`."""
 
     def new_plan(self, ctx: PlanContext, groups: dict[str, GroupPlan], notes: Sequence[str] = ()) -> Plan:
+        runtimes = sorted({g.runtime for g in groups.values()})
+        unmeasured = [unmeasured_note(ctx.constants[r], r, ctx.model.name) for r in runtimes]
         return Plan(method=self.name, model=ctx.model, rounds=ctx.rounds, batch_size=ctx.batch_size,
-                    optimizer=ctx.optimizer, local_epochs=ctx.local_epochs, groups=groups, notes=list(notes))
+                    optimizer=ctx.optimizer, local_epochs=ctx.local_epochs, groups=groups,
+                    notes=list(notes) + [n for n in unmeasured if n])
 
 
 def deepest_trained(configs: Sequence[TrainConfig]) -> Optional[TrainConfig]:

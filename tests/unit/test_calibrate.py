@@ -155,3 +155,25 @@ def test_plan_with_a_calibration_says_what_changed_and_why(tmp_path):
     fleet = parse_fleet(fleet_text)
     plain = get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("cnn")))
     assert plan_changes(plain, plain) == ["the calibration changes no group's admission or first config"]
+
+
+def test_a_plan_says_when_its_model_has_no_measured_constants_on_a_runtime_until_calibrated(tmp_path):
+    from edgefl.fleet import parse_fleet
+    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.zoo import ModelRef
+
+    fleet = parse_fleet("fleet: {groups: {pis: {count: 1, memory_budget: 2GiB, runtime: executorch}, "
+                        "phones: {count: 1, memory_budget: 2GiB, runtime: ort}}}")
+    plan = get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("densenet40")))
+    notes = [n for n in plan.notes if "no measured memory constants" in n]
+    # executorch's benchmarks never measured densenet40; ort's did
+    assert len(notes) == 1 and notes[0].startswith("executorch: no measured memory constants for densenet40")
+    assert "cnn, resnet, transformer, vgg11bn, vit" in notes[0]
+    # a calibration from its devices gives it its own entry: the note goes
+    generic = DEFAULTS["executorch"].for_model("densenet40")
+    terms = PeakTerms(floor=300 * MiB, trained_param_bytes=0, frozen_bytes=0, step_peak_bytes=0, kept_bytes=0)
+    samples = [PeakSample("executorch", "pis", "d0", 1, terms.peak(generic), terms.peak(generic), terms, "densenet40")]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration_json(fit_overheads(samples))))
+    calibrated = get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("densenet40"), constants=load_calibration(path)))
+    assert not [n for n in calibrated.notes if "no measured memory constants" in n]
