@@ -69,7 +69,7 @@ class RuntimeConstants:
         return replace(self, families=tuple(sorted(rest + (entry,))))
 
 
-def unmeasured_note(constants: "RuntimeConstants", runtime: str, model: str) -> str | None:
+def unmeasured_note(constants: RuntimeConstants, runtime: str, model: str) -> str | None:
     """A plan's note when `model`'s family has no measured constants of its own on `runtime` (None when it has):
     it is priced with the generic terms, each the largest any measured family needed, a bound that holds with
     more memory to spare than a family's own."""
