@@ -216,26 +216,29 @@ def planned_arena(folder: Path) -> int | None:
         return None
 
 
-def row_terms(rows: list[dict], store: ProfileStore, runtime: str) -> list:
-    return [row_cost(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), runtime,
-                     DEFAULTS[runtime]).terms for r in rows]
+def row_terms(rows: list[dict], store: ProfileStore, runtime: str, step_of=None) -> list:
+    """Each row's PeakTerms; `step_of(row)`, where given, replaces the cost model's step peak (bench/
+    ort_graph_memory.py: the runtime's own graph's)."""
+    terms = [row_cost(store, ModelRef.from_json(r["ref"]), TrainConfig.from_json(r["config"]), runtime,
+                      DEFAULTS[runtime]).terms for r in rows]
+    return terms if step_of is None else [replace(t, step_peak_bytes=step_of(r)) for r, t in zip(rows, terms)]
 
 
 def fit_families(rows: list[dict], store: ProfileStore, baseline: int, runtime: str,
-                 exclude: str | None = None) -> RuntimeConstants:
+                 exclude: str | None = None, step_of=None) -> RuntimeConstants:
     """`runtime`'s constants fitted on `rows` (edgefl.upper_bound.fit_families); `exclude`: leave that family's
-    rows out."""
+    rows out; `step_of` as for `row_terms`."""
     peaks = {}
     for name in sorted({family(r["model"]) for r in rows} - {exclude}):
         mine = [r for r in rows if family(r["model"]) == name]
-        peaks[name] = (row_terms(mine, store, runtime), [r["peak_rss_bytes"] for r in mine])
+        peaks[name] = (row_terms(mine, store, runtime, step_of), [r["peak_rss_bytes"] for r in mine])
     return upper_bound.fit_families(peaks, replace(DEFAULTS[runtime], baseline_bytes=baseline),
                                     factors=grid(MAX_FACTOR[runtime], 0.01), trained_copies=TRAINED_COPIES,
                                     frozen_copies=FROZEN_COPIES, learn_hidden=True)
 
 
-def predict_rows(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants) -> list[int]:
-    return [t.peak(k.for_model(r["model"])) for r, t in zip(rows, row_terms(rows, store, runtime))]
+def predict_rows(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants, step_of=None) -> list[int]:
+    return [t.peak(k.for_model(r["model"])) for r, t in zip(rows, row_terms(rows, store, runtime, step_of))]
 
 
 def measure(backend: str, ref: ModelRef, config: TrainConfig, state: dict, data: Path, folder: Path,
@@ -321,17 +324,24 @@ def upper_bound_summary(runtime: str, rows: list[dict], store: ProfileStore, bas
                               "generic": band(rows, "measured_over_predicted_generic"),
                               "per_family": {f: band([r for r in rows if family(r["model"]) == f]) for f in families}}}
     if len(families) > 1:   # out of sample: what a model of an unmeasured family gets, checked on a held-out one
-        cross = {}
-        for name in families:
-            k = replace(fit_families(rows, store, baseline, runtime, exclude=name), families=())
-            held = [r for r in rows if family(r["model"]) == name]
-            got = [r["peak_rss_bytes"] / q for r, q in zip(held, predict_rows(held, store, runtime, k))]
-            cross[f"held_out_{name}"] = {"fit_on": sorted(set(families) - {name}),
-                                         "constants": {f: getattr(k, f) for f in FITTED},
-                                         "measured_over_predicted_max": max(got),
-                                         "measured_over_predicted_min": min(got)}
-        out[f"{runtime}_leave_one_family_out"] = cross
+        out[f"{runtime}_leave_one_family_out"] = leave_one_family_out(rows, store, baseline, runtime)
     return out
+
+
+def leave_one_family_out(rows: list[dict], store: ProfileStore, baseline: int, runtime: str, step_of=None) -> dict:
+    """Per family: the generic constants fitted on the others' rows, and measured/predicted on its own under them
+    (`step_of` as for `row_terms`)."""
+    families = sorted({family(r["model"]) for r in rows})
+    cross = {}
+    for name in families:
+        k = replace(fit_families(rows, store, baseline, runtime, exclude=name, step_of=step_of), families=())
+        held = [r for r in rows if family(r["model"]) == name]
+        got = [r["peak_rss_bytes"] / q for r, q in zip(held, predict_rows(held, store, runtime, k, step_of))]
+        cross[f"held_out_{name}"] = {"fit_on": sorted(set(families) - {name}),
+                                     "constants": {f: getattr(k, f) for f in FITTED},
+                                     "measured_over_predicted_max": max(got),
+                                     "measured_over_predicted_min": min(got)}
+    return cross
 
 
 def row_key(r: dict) -> tuple:

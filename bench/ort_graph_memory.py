@@ -3,14 +3,17 @@
 For each set (exported as `edgefl export` writes it), the training graph runs once in an InferenceSession with
 every node's output made a graph output, which sizes every tensor exactly (ONNX shape inference leaves many of
 a training graph's tensors unsized). Walking the nodes in the graph's order, a tensor lives from the node that
-makes it to its last reader: the most bytes alive at once is the graph's live peak, what an executor running
-the nodes in this order must hold for its activations and gradients, before any kernel scratch. The rows set it beside the cost model's step peak and
-kept bytes (torch autograd's accounting, what `workspace_factor` scales), and beside the peak a device measured
-for the same set in bench/results/artifact_memory.json.
+makes it to its last reader: the most bytes alive at once is the graph's live peak, what an executor running the
+nodes in this order must hold for its activations and gradients, before any kernel scratch. The rows set it
+beside the cost model's step peak and kept bytes (torch autograd's accounting, what `workspace_factor` scales),
+and beside the peak a device measured for the same set in bench/results/artifact_memory.json.
 
-The question it answers: does ORT's graph keep more than torch autograd does, per family, as the fitted
-workspace factors (ORT: 1.06 densenet40 ... 1.61 vit) would suggest? Run: python bench/ort_graph_memory.py
-[--models vit,densenet40] [--configs 0:1,0:0.25] -o bench/results/ort_graph_memory.json
+The questions it answers: does ORT's graph keep more than torch autograd does, per family, as the fitted
+workspace factors (ORT: 1.06 densenet40 ... 1.61 vit) would suggest? And (`fits`) would ORT's constants,
+fitted as artifact_memory fits them but on the graph's live peak in place of the cost model's step peak,
+bound a held-out family more tightly?
+
+Run: python bench/ort_graph_memory.py [--models vit,densenet40] [--configs 0:1,0:0.25] [-o FILE]
 """
 from __future__ import annotations
 
@@ -89,17 +92,43 @@ def live_peak(model, size: dict[str, int]) -> tuple[int, dict[str, int], str]:
     return peak, dict(sorted(by_op.items(), key=lambda kv: -kv[1])), at
 
 
-def measured_rows(path: Path) -> dict[tuple, dict]:
+def key(r: dict) -> tuple:
+    return r["model"], r["frozen_prefix"], r["head_width"]
+
+
+def measured_rows(path: Path) -> tuple[dict[tuple, dict], int | None]:
+    """ORT's rows of artifact_memory's results by (model, frozen prefix, head width), and its measured baseline."""
     if not path.exists():
-        return {}
-    rows = json.loads(path.read_text()).get("rows", [])
-    return {(r["model"], r["frozen_prefix"], r["head_width"]): r for r in rows if r["backend"] == "ort"}
+        return {}, None
+    d = json.loads(path.read_text())
+    return {key(r): r for r in d.get("rows", []) if r["backend"] == "ort"}, d.get("ort_baseline_bytes")
+
+
+def fits_side_by_side(device_rows: list[dict], live: dict[tuple, int], baseline: int, store: ProfileStore) -> dict:
+    """ORT's constants fitted the way artifact_memory fits them, on the device rows, once with the cost model's
+    step peak and once with the graph's live peak in its place: measured/predicted in sample (each family its own
+    constants) and out of sample (leave one family out)."""
+    from edgefl.calibration import family
+
+    out = {}
+    for label, step_of in (("cost_model_step", None), ("graph_live_step", lambda r: live[key(r)])):
+        fitted = am.fit_families(device_rows, store, baseline, "ort", step_of=step_of)
+        got = [r["peak_rss_bytes"] / q for r, q in
+               zip(device_rows, am.predict_rows(device_rows, store, "ort", fitted, step_of))]
+        out[label] = {"in_sample_min": min(got), "in_sample_max": max(got),
+                      "family_factors": {f[0]: f[2] for f in fitted.families},
+                      "leave_one_family_out": {
+                          name.removeprefix("held_out_"): [v["measured_over_predicted_min"], v["measured_over_predicted_max"]]
+                          for name, v in am.leave_one_family_out(device_rows, store, baseline, "ort", step_of).items()},
+                      "families": sorted({family(r["model"]) for r in device_rows})}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=MODELS)
-    ap.add_argument("--configs", default="0:1,0:0.25", help="frozen prefix:head width pairs, as artifact_memory's")
+    ap.add_argument("--configs", help="frozen prefix:head width pairs for every model (default: artifact_memory's "
+                                      "grid, the sets its rows measured)")
     ap.add_argument("--measured", default="bench/results/artifact_memory.json",
                     help="the device peaks to set beside (rows of the same sets)")
     ap.add_argument("-o", "--output", default="bench/results/ort_graph_memory.json")
@@ -111,14 +140,14 @@ def main() -> None:
     from edgefl.export.pipeline import export_set
 
     store = ProfileStore(persist=False)
-    measured = measured_rows(Path(args.measured))
+    measured, baseline = measured_rows(Path(args.measured))
     factors = {f[0]: f[2] for f in DEFAULTS["ort"].families}
-    rows = []
+    rows, live = [], {}
     for name in args.models.split(","):
         ref = ModelRef.of(name)
         state = build(ref).state_dict()
         profile = store.full(ref)
-        for config in am.configs(profile.num_layers, args.configs):
+        for config in am.configs(profile.num_layers, args.configs or am.GRID.get(name)):
             terms = am.row_cost(store, ref, config, "ort", DEFAULTS["ort"]).terms
             rows_per_batch = config.batch_size * (profile.layers[-1].output_bytes // (4 * profile.num_classes) or 1)
             with tempfile.TemporaryDirectory() as tmp:
@@ -127,6 +156,7 @@ def main() -> None:
                 graph = onnx.load(str(folder / "set" / "training_model.onnx"))
                 peak, by_op, at = live_peak(graph, tensor_sizes(graph, folder, config.batch_size, rows_per_batch))
             device = measured.get((name, config.frozen_prefix, config.head_width))
+            live[(name, config.frozen_prefix, config.head_width)] = peak
             family = "resnet" if name.startswith("resnet") else name
             row = {"model": name, "frozen_prefix": config.frozen_prefix, "head_width": config.head_width,
                    "batch_size": config.batch_size, "graph_live_peak_bytes": peak, "graph_live_at": at,
@@ -141,6 +171,12 @@ def main() -> None:
                   f"{row['graph_live_over_step_peak']:.3f}  fitted factor {row['fitted_workspace_factor']}", flush=True)
     out = {"date": datetime.date.today().isoformat(), "doc": __doc__.split("\n\n")[1].replace("\n", " "),
            "rows": rows}
+    device_rows = [r for k, r in measured.items() if k in live]
+    if baseline and len({r["model"] for r in device_rows}) > 1:
+        out["fits"] = fits_side_by_side(device_rows, live, baseline, store)
+        for label, f in out["fits"].items():
+            print(f"{label}: in sample {f['in_sample_min']:.3f}-{f['in_sample_max']:.3f}; held out "
+                  + ", ".join(f"{n} {lo:.3f}-{hi:.3f}" for n, (lo, hi) in f["leave_one_family_out"].items()))
     Path(args.output).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.output}")
 
