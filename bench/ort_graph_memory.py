@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import artifact_memory as am  # noqa: E402
 
-from edgefl.calibration import DEFAULTS  # noqa: E402
+from edgefl.calibration import DEFAULTS, family  # noqa: E402
 from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.zoo import ModelRef, build  # noqa: E402
 
@@ -108,18 +108,18 @@ def fits_side_by_side(device_rows: list[dict], live: dict[tuple, int], baseline:
     """ORT's constants fitted the way artifact_memory fits them, on the device rows, once with the cost model's
     step peak and once with the graph's live peak in its place: measured/predicted in sample (each family its own
     constants) and out of sample (leave one family out)."""
-    from edgefl.calibration import family
-
     out = {}
     for label, step_of in (("cost_model_step", None), ("graph_live_step", lambda r: live[key(r)])):
         fitted = am.fit_families(device_rows, store, baseline, "ort", step_of=step_of)
         got = [r["peak_rss_bytes"] / q for r, q in
                zip(device_rows, am.predict_rows(device_rows, store, "ort", fitted, step_of))]
+        held_out = am.leave_one_family_out(device_rows, store, baseline, "ort", step_of)
         out[label] = {"in_sample_min": min(got), "in_sample_max": max(got),
                       "family_factors": {f[0]: f[2] for f in fitted.families},
                       "leave_one_family_out": {
-                          name.removeprefix("held_out_"): [v["measured_over_predicted_min"], v["measured_over_predicted_max"]]
-                          for name, v in am.leave_one_family_out(device_rows, store, baseline, "ort", step_of).items()},
+                          name.removeprefix("held_out_"): [v["measured_over_predicted_min"],
+                                                           v["measured_over_predicted_max"]]
+                          for name, v in held_out.items()},
                       "families": sorted({family(r["model"]) for r in device_rows})}
     return out
 
@@ -155,15 +155,15 @@ def main() -> None:
                 export_set(ref, config, state, get_backend("ort"), folder / "set")
                 graph = onnx.load(str(folder / "set" / "training_model.onnx"))
                 peak, by_op, at = live_peak(graph, tensor_sizes(graph, folder, config.batch_size, rows_per_batch))
-            device = measured.get((name, config.frozen_prefix, config.head_width))
-            live[(name, config.frozen_prefix, config.head_width)] = peak
-            family = "resnet" if name.startswith("resnet") else name
+            where = (name, config.frozen_prefix, config.head_width)
+            device = measured.get(where)
+            live[where] = peak
             row = {"model": name, "frozen_prefix": config.frozen_prefix, "head_width": config.head_width,
                    "batch_size": config.batch_size, "graph_live_peak_bytes": peak, "graph_live_at": at,
                    "graph_live_by_op_bytes": by_op, "cost_model_step_peak_bytes": terms.step_peak_bytes,
                    "cost_model_kept_bytes": terms.kept_bytes,
                    "graph_live_over_step_peak": peak / terms.step_peak_bytes,
-                   "fitted_workspace_factor": factors.get(family),
+                   "fitted_workspace_factor": factors.get(family(name)),
                    "device_peak_rss_bytes": device["peak_rss_bytes"] if device else None}
             rows.append(row)
             print(f"{name:12} k={config.frozen_prefix:<3} s={config.head_width:<5g} graph live "

@@ -175,5 +175,6 @@ def test_a_plan_says_when_its_model_has_no_measured_constants_on_a_runtime_until
     samples = [PeakSample("executorch", "pis", "d0", 1, terms.peak(generic), terms.peak(generic), terms, "densenet40")]
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps(calibration_json(fit_overheads(samples))))
-    calibrated = get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("densenet40"), constants=load_calibration(path)))
+    calibrated = get_strategy("fedolf").plan(PlanContext(fleet, ModelRef.of("densenet40"),
+                                                         constants=load_calibration(path)))
     assert not [n for n in calibrated.notes if "no measured memory constants" in n]
