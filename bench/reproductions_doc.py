@@ -19,6 +19,9 @@ DOC = ROOT / "docs" / "reproductions.md"
 RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- results:(\w+) -->\n).*?(<!-- /results -->)", re.S)
 
+sys.path.insert(0, str(ROOT / "bench"))
+from reproduction import compare  # noqa: E402  (the studies' order and tie rule, for the means over seeds)
+
 
 def pct(x, digits: int = 1) -> str:
     return "n/a" if x is None else f"{100 * x:.{digits}f}"
@@ -153,9 +156,6 @@ def render_study_seeds(name: str) -> str:
     """A study's runs at every seed (`reproduce_<name>.json` is seed 0, `reproduce_<name>_seed<N>.json` the
     others): per method the final and best accuracy at each seed and their means, each seed's order and verdict,
     and the order of the means under the same tie rule."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from reproduction import compare
-
     paths = [RESULTS / f"reproduce_{name}.json"] + sorted(RESULTS.glob(f"reproduce_{name}_seed*.json"),
                                                             key=lambda p: int(p.stem.rsplit("seed", 1)[1]))
     runs = [json.loads(p.read_text()) for p in paths if p.exists()]
@@ -208,8 +208,10 @@ def render_slt() -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDER = {"slt": render_slt, "fedolf_mnist_seeds": lambda: render_study_seeds("fedolf_mnist"),
-          "fedolf_dirichlet_seeds": lambda: render_study_seeds("fedolf_dirichlet"), "caff": render_caff, "caff_seeds": render_caff_seeds, "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False), **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")}}
+RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds,
+          "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False),
+          **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")},
+          **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
 
 
 def main() -> None:
