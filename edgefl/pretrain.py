@@ -13,7 +13,10 @@ non-overlapping windows is the held-out loss reported. With `eval_every` > 0 the
 every that many steps and the model kept is the checkpoint where it was lowest (early stopping: on a corpus
 this small a long run can overfit, where CAFF's models see theirs once); with `patience` > 0 training stops
 after that many measurements without a new best. The test text is never used to choose, so the reported loss
-is not chosen on.
+is not chosen on. `dropout` (CAFF pretrains with 0.05 and fine-tunes with none) drops the embedding's output and
+each block's attention and MLP outputs before they join the residual stream, as GPT-2 does. It is applied by
+forward hooks while pretraining only: the saved state dict, the model edgefl builds and exports, and every
+fine-tuning run have no dropout.
 
 Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
 the model as a ModelRef, the vocabulary, the corpus, the settings, and the measured losses and seconds).
@@ -54,6 +57,7 @@ class PretrainSettings:
     eval_windows: int = 256
     eval_every: int = 0                       # 0: keep the last step's model
     patience: int = 0                         # 0: run every step
+    dropout: float = 0.0
     device: str = "cpu"
 
     def lr_at(self, step: int) -> float:
@@ -69,6 +73,19 @@ class PretrainSettings:
 def model_ref(layers: int, vocab: int, settings: PretrainSettings) -> ModelRef:
     return ModelRef.of("transformer", layers=layers, vocab=vocab, context=settings.context, embed=settings.embed,
                        heads=settings.heads)
+
+
+def with_dropout(model, p: float) -> list:
+    """Hooks that drop `p` of the embedding's output and of every block's attention and MLP outputs in
+    training mode (GPT-2's embedding and residual dropout); remove them with `.remove()`."""
+    from edgefl.zoo.blocks import Block
+    from edgefl.zoo.transformer import TokenEmbedding
+
+    def drop(module, inputs, output):
+        return F.dropout(output, p, module.training)
+    sites = [m for m in model.modules() if isinstance(m, TokenEmbedding)]
+    sites += [part for m in model.modules() if isinstance(m, Block) for part in (m.attn, m.mlp)]
+    return [m.register_forward_hook(drop) for m in sites] if p > 0 else []
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +123,7 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
     ref = model_ref(layers, len(corpus.vocab), settings)
     torch.manual_seed(settings.seed)
     model = build(ref).to(device).train()
+    hooks = with_dropout(model, settings.dropout)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
@@ -138,6 +156,8 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
     if settings.eval_every and (not curve or curve[-1][0] != len(losses)):
         measure(len(losses))
     seconds = time.perf_counter() - t0
+    for hook in hooks:
+        hook.remove()
     if best is not None:
         model.load_state_dict(best[2])
     tail = losses[-max(1, len(losses) // 10):]

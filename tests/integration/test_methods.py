@@ -291,14 +291,14 @@ def test_pretrain_then_emulate_lora_from_the_pretrained_set(tmp_path):
 
     pre = tmp_path / "pretrained"
     r = subprocess.run([sys.executable, "-m", "edgefl", "pretrain", "-o", str(pre), "--layers", "1,2", "--steps", "2",
-                        "--batch-size", "4", "--embed", "16", "--heads", "2"],
+                        "--batch-size", "4", "--embed", "16", "--heads", "2", "--dropout", "0.05"],
                        capture_output=True, text=True, timeout=300, env=os.environ)
     assert r.returncode == 0, r.stderr
     for depth in (1, 2):
         config = json.loads((pre / f"layers-{depth}" / "config.json").read_text())
         assert config["schema"] == "edgefl.pretrained/1" and config["model"]["kwargs"]["layers"] == depth
         assert config["steps"] == 2 and len(config["vocab"]) == 82 and config["corpus"] == "shakespeare-pretrain"
-        assert 0 < config["held_out_loss"] < 10 and config["seconds"] > 0
+        assert 0 < config["held_out_loss"] < 10 and config["seconds"] > 0 and config["settings"]["dropout"] == 0.05
     weights = torch.load(pre / "layers-2" / "weights.pt")
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("fleet:\n  groups:\n    a: {count: 2, memory_budget: 4GiB, runtime: torch}\n")
@@ -347,6 +347,31 @@ def test_pretrain_keeps_the_best_validation_checkpoint_and_stops_on_patience():
     device = torch.device("cpu")
     assert held_out_loss(model, validation, 80, device, 16) == pytest.approx(best_loss, abs=1e-4)
     assert held_out_loss(model, test, 80, device, 16) == pytest.approx(summary["held_out_loss"], rel=1e-6)
+
+
+def test_pretraining_dropout_changes_training_but_not_the_model_that_is_saved():
+    """Dropout is a pretraining regulariser only: in training mode it makes two passes differ, in evaluation
+    mode (and once removed) the model computes what it computes without it, and the saved state dict has
+    the keys of a model built without it, so fine-tuning and export see no dropout."""
+    from edgefl.pretrain import PretrainSettings, with_dropout, model_ref
+    from edgefl.zoo import build
+
+    torch.manual_seed(0)
+    ref = model_ref(2, 82, PretrainSettings(embed=16, heads=2))
+    model = build(ref)
+    x = torch.randint(0, 82, (2, 80))
+    plain = model.eval()(x)
+    hooks = with_dropout(model, 0.3)
+    assert len(hooks) == 1 + 2 * 2                      # the embedding, then attention and MLP per block
+    model.train()
+    a, b = model(x), model(x)
+    assert not torch.equal(a, b)
+    assert torch.equal(model.eval()(x), plain)
+    assert set(model.state_dict()) == set(build(ref).state_dict())
+    for hook in hooks:
+        hook.remove()
+    assert torch.equal(model.train()(x), model(x))
+    assert with_dropout(model, 0.0) == []
 
 
 def test_the_small_model_is_evaluated_as_the_small_model(data):
