@@ -297,6 +297,25 @@ def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, bin
         "native_trainer_build": next((p for p in binary.parts if p.startswith("linux-")), str(binary))}
     if fitting:
         out.update(upper_bound_summary("executorch", rows, store, baseline))
+    if arena := arena_summary(rows, store, baseline):
+        out["executorch_arena"] = arena
+    return out
+
+
+def arena_summary(rows: list[dict], store: ProfileStore, baseline: int) -> dict:
+    """Where ExecuTorch's memory goes, per family: its programs' planned arena over the cost model's step peak
+    (the spread of the fitted workspace factors), and what a peak holds beyond the baseline, the arena and the
+    artifact's bytes (what no memory plan shows). Adds both to every row with a readable arena."""
+    planned = [r for r in rows if r.get("planned_arena_bytes")]
+    for r, t in zip(planned, row_terms(planned, store, "executorch")):
+        r["planned_arena_over_step_peak"] = r["planned_arena_bytes"] / t.step_peak_bytes
+        r["peak_beyond_baseline_arena_artifact_bytes"] = (r["peak_rss_bytes"] - baseline - r["planned_arena_bytes"]
+                                                          - r["artifact_bytes"])
+    out = {}
+    for name in sorted({family(r["model"]) for r in planned}):
+        mine = [r for r in planned if family(r["model"]) == name]
+        out[name] = {key: [min(r[key] for r in mine), max(r[key] for r in mine)]
+                     for key in ("planned_arena_over_step_peak", "peak_beyond_baseline_arena_artifact_bytes")}
     return out
 
 
@@ -390,7 +409,7 @@ def summaries(rows: list[dict], backends: list[str], store: ProfileStore, baseli
 
 HEADLINES = ("ort_all_but_head_over_full_resnet20", "ort_baseline_bytes", "ort_constants", "ort_fit",
              "ort_leave_one_family_out", "torch_under_constants", "executorch_goals", "executorch_baseline",
-             "executorch_constants", "executorch_fit", "executorch_leave_one_family_out")
+             "executorch_constants", "executorch_fit", "executorch_leave_one_family_out", "executorch_arena")
 
 
 def refit(path: Path, backends: list[str]) -> int:

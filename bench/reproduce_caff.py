@@ -25,8 +25,9 @@ and the held-out windows stay the same, so start accuracies are shared across se
 every memory column: CAFF > Heterogeneous LoRA > FedHM > FedRolex. The result records the pretrained set's
 held-out loss per depth (it must fall with depth for depth to help).
 
-Needs:     edgefl pretrain -o PRETRAINED --steps 3000 --batch-size 32 --eval-every 100 --patience 5
-           (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation loss)
+Needs:     edgefl pretrain -o PRETRAINED --steps 6000 --batch-size 32 --eval-every 100 --patience 5 --dropout 0.05
+           (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation loss; CAFF's pretraining
+           dropout, 0.05, none while fine-tuning)
 Validate:  python bench/reproduce_caff.py --pretrained DIR --rounds 2 --methods caff,fedrolex \\
                --devices 12 --clients-per-round 3 --test-limit 200 -o /tmp/caff.json
 Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-scale / --methods:
@@ -232,7 +233,8 @@ def main(argv=None) -> None:
                         eval_every=args.eval_every, lr=args.lr, lr_final=args.lr_final)
     depths = {d: {"held_out_loss": c.get("held_out_loss"), "train_loss": c.get("train_loss"), "steps": c.get("steps"),
                   "best_step": c.get("best_step"), "validation_loss": c.get("validation_loss"),
-                  "batch_size": c["settings"].get("batch_size")} for d, c in sorted(pretrained.items())}
+                  "batch_size": c["settings"].get("batch_size"), "dropout": c["settings"].get("dropout", 0.0)}
+              for d, c in sorted(pretrained.items())}
     losses = [v["held_out_loss"] for v in depths.values()]
     settings = {"rounds": args.rounds, "devices": args.devices, "clients_per_round": args.clients_per_round,
                 "windows_per_device": args.windows_per_device, "runtime": args.runtime, "optimizer": args.optimizer,

@@ -96,11 +96,12 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     if pretrained_table:
         lines += ["Pretrained set (next-character loss, lower is better; the checkpoint kept is the one of lowest "
                   "validation loss, the held-out loss is on text the choice never saw):", "",
-                  "| depth | steps | batch | checkpoint kept | validation loss | held-out loss | train loss |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| depth | steps | batch | dropout | checkpoint kept | validation loss | held-out loss | train loss |",
+                  "|---|---|---|---|---|---|---|---|"]
         for depth, d in r["pretrained"]["depths"].items():
             validation = f"{d['validation_loss']:.3f}" if d.get("validation_loss") is not None else "n/a"
-            lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d.get('best_step') or 'last'} | "
+            lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d.get('dropout', 0.0):g} | "
+                         f"{d.get('best_step') or 'last'} | "
                          f"{validation} | {d['held_out_loss']:.3f} | {d['train_loss']:.3f} |")
         lines += ["", "Held-out loss strictly decreasing with depth: "
                   + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]

@@ -1,0 +1,67 @@
+"""Summarise a pretrained set that `edgefl pretrain -o DIR` wrote: per depth its losses, steps and validation
+curve, its settings, and whether the held-out and validation losses fall strictly with depth (CAFF's premise:
+a deeper pretrained model is a better one).
+
+Run:  python bench/pretrained_set.py DIR -o bench/results/reproduce_caff_pretrained_dropout.json \\
+          --command "edgefl pretrain -o DIR ..."
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edgefl.errors import EdgeflError  # noqa: E402
+from edgefl.pretrain import available  # noqa: E402
+
+PER_DEPTH = ("held_out_loss", "validation_loss", "best_step", "train_loss", "first_loss", "steps", "params",
+             "seconds", "validation_curve")
+
+
+def strictly_decreasing(values: list) -> bool:
+    return None not in values and all(a > b for a, b in zip(values, values[1:]))
+
+
+def summary(folder: Path) -> dict:
+    """The set in `folder` as one JSON object; every depth must share the settings but `layers`."""
+    configs = available(folder)
+    settings = {json.dumps(c["settings"], sort_keys=True) for c in configs.values()}
+    if len(settings) != 1:
+        raise SystemExit(f"{folder}: its depths were pretrained with different settings; summarise one set at a time")
+    first = next(iter(configs.values()))
+    depths = {str(d): {k: c.get(k) for k in PER_DEPTH} for d, c in sorted(configs.items())}
+    return {"settings": first["settings"], "corpus": first["corpus"], "works": first["works"],
+            "split": f"the corpus's last {first['settings']['holdout']:.0%}: its first half is the validation text "
+                     "(chooses the checkpoint), its second half the test text (held_out_loss; never used to choose)",
+            "depths": depths,
+            "held_out_loss_strictly_decreasing_with_depth":
+                strictly_decreasing([v["held_out_loss"] for v in depths.values()]),
+            "validation_loss_strictly_decreasing_with_depth":
+                strictly_decreasing([v["validation_loss"] for v in depths.values()])}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="the set 'edgefl pretrain -o DIR' wrote")
+    p.add_argument("-o", "--output", type=Path, required=True)
+    p.add_argument("--command", default="", help="the command that wrote the set, recorded as given")
+    p.add_argument("--note", default="", help="what the run's wall times mean (other jobs on the machine, ...)")
+    args = p.parse_args(argv)
+    try:
+        result = summary(args.folder)
+    except EdgeflError as exc:
+        raise SystemExit(str(exc)) from None
+    result = {"command": args.command, **({"seconds_note": args.note} if args.note else {}), **result}
+    args.output.write_text(json.dumps(result, indent=1) + "\n")
+    losses = " / ".join(f"{v['held_out_loss']:.3f}" for v in result["depths"].values())
+    print(f"held-out loss {losses} for {' / '.join(result['depths'])} layers; strictly decreasing: "
+          f"{result['held_out_loss_strictly_decreasing_with_depth']} -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
