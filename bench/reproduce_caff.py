@@ -26,8 +26,9 @@ every memory column: CAFF > Heterogeneous LoRA > FedHM > FedRolex. The result re
 held-out loss per depth (it must fall with depth for depth to help).
 
 Needs:     edgefl pretrain -o PRETRAINED --steps 6000 --batch-size 32 --eval-every 100 --patience 5 --dropout 0.05
-           (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation loss; CAFF's pretraining
-           dropout, 0.05, none while fine-tuning)
+           [--plays P1,P2,...]  (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation
+           loss; CAFF's pretraining dropout, 0.05, none while fine-tuning; the devices are speakers of the plays
+           the set was not pretrained on)
 Validate:  python bench/reproduce_caff.py --pretrained DIR --rounds 2 --methods caff,fedrolex \\
                --devices 12 --clients-per-round 3 --test-limit 200 -o /tmp/caff.json
 Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-scale / --methods:
@@ -55,6 +56,7 @@ from edgefl.coordinator import LoopSettings  # noqa: E402
 from edgefl.data import load_dataset, parse_partition  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
 from edgefl.fleet import parse_fleet  # noqa: E402
+from edgefl.pretrain import fine_tuning_data_options  # noqa: E402
 from edgefl.strategies import STRATEGIES, PlanContext, get_strategy  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "reproduce_caff.json"
@@ -210,8 +212,9 @@ def main(argv=None) -> None:
     if args.merge:
         result = merge(args.merge)
         if args.pretrained is not None:
-            start_accuracies(result, args.pretrained, load_dataset("shakespeare", split="train"),
-                             _subset(load_dataset("shakespeare", split="test"), result["settings"]["test_windows"],
+            options = fine_tuning_data_options(args.pretrained, "shakespeare")
+            start_accuracies(result, args.pretrained, load_dataset("shakespeare", split="train", **options),
+                             _subset(load_dataset("shakespeare", split="test", **options), result["settings"]["test_windows"],
                                      SEED + 1), args.device)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
@@ -221,8 +224,9 @@ def main(argv=None) -> None:
     methods = args.methods.split(",")
     pretrained = require(methods, args.pretrained)
 
-    train = load_dataset("shakespeare", split="train")
-    test = _subset(load_dataset("shakespeare", split="test"), args.test_limit, SEED + 1)
+    options = fine_tuning_data_options(args.pretrained, "shakespeare")   # no client holds a pretrained play
+    train = load_dataset("shakespeare", split="train", **options)
+    test = _subset(load_dataset("shakespeare", split="test", **options), args.test_limit, SEED + 1)
     deepest = _pretrained_ref(args.pretrained, None, train, get_strategy("fedrolex"))
     shares = parse_partition("natural").split(train.y, args.devices, args.seed, groups=train.groups)
     if len(shares) < args.devices:
@@ -241,6 +245,7 @@ def main(argv=None) -> None:
                 "optimizer_hyperparameters": "torch defaults: betas (0.9, 0.999), weight decay 0.01" if args.optimizer == "adamw"
                 else "momentum 0.9, weight decay 1e-5", "lr": args.lr, "lr_final": args.lr_final, "batch_size": BATCH,
                 "local_epochs": 1, "test_windows": len(test.y), "deepest": deepest.label(), "seed": args.seed,
+                "plays_kept_out_of_the_clients": options.get("holdout"),
                 "budget_rule": "last t blocks of the deepest model" if args.budget_blocks else
                 "multiples of the least budget at which every method of the paper's order runs"}
     result = {"paper": PAPER, "settings": settings, "paper_order": PAPER_ORDER,

@@ -4,7 +4,8 @@ CAFF (sec. 4.1) pretrains causal transformers with l in {3, 6, 9, 12} blocks (em
 AdamW (betas 0.9 / 0.95, weight decay 0.1 on weight matrices) and a sinusoidal learning-rate decay to a
 tenth, then fine-tunes them federatedly; CAFF and the baselines (Heterogeneous LoRA, FedHM, ...) start from
 them. We train the same architectures on edgefl.data.pretrain_corpus (the poems and the plays kept out of
-the federated Shakespeare clients, same character vocabulary) for as many steps as a few CPU-minutes
+the federated Shakespeare clients, default edgefl.data.text.PRETRAIN_PLAYS, same character vocabulary; a run
+that fine-tunes the set keeps every play it was pretrained on out of its clients: `fine_tuning_data_options`) for as many steps as a few CPU-minutes
 allow, after a short linear warm-up (a tenth of the steps, at most 100). A batch is `batch_size` random
 windows of `context` + 1 tokens; the loss is next-token cross-entropy at every position, as the torch
 trainer fine-tunes. The corpus's last `holdout` share is never trained on. Its first half is the
@@ -179,7 +180,7 @@ def write(root: Path, ref: ModelRef, state: dict, corpus: Corpus, settings: Pret
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(state, folder / "weights.pt")
     config = {"schema": SCHEMA, "model": ref.to_json(), "vocab": list(corpus.vocab), "corpus": corpus.name,
-              "works": list(corpus.works), "settings": asdict(settings), **summary}
+              "works": list(corpus.works), "plays": list(corpus.plays), "settings": asdict(settings), **summary}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder
 
@@ -209,6 +210,21 @@ def available(root: Path) -> dict[int, dict]:
     if not found:
         raise ConfigError(f"--pretrained {root}: no layers-<l>/ folders; write them with 'edgefl pretrain -o {root}'")
     return found
+
+
+def pretrained_plays(root: Path) -> list[str]:
+    """Every play any model of the set in `root` was pretrained on (a set written before configs listed them
+    was pretrained on the default plays)."""
+    from edgefl.data.text import PRETRAIN_PLAYS
+
+    return sorted({p for c in available(root).values()
+                   for p in c.get("plays", [w for w in c.get("works", []) if w in PRETRAIN_PLAYS])})
+
+
+def fine_tuning_data_options(root: Path, dataset: str) -> dict:
+    """`load_dataset` options for fine-tuning the set in `root` on `dataset`: on Shakespeare, the clients hold
+    none of the plays the set was pretrained on, so no client's text, and no test window, was pretrained on."""
+    return {"holdout": pretrained_plays(root)} if dataset == "shakespeare" else {}
 
 
 def load_pretrained(root: Path, ref: ModelRef) -> dict:

@@ -175,8 +175,12 @@ def emulate(
         raise ConfigError(f"--pretrained: the pretrained set holds transformers; use --model transformer, not {model}")
     fleet = load_fleet(devices)
     parse_partition(partition)   # a bad partition fails before the data loads
-    train = _subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
-    test = _subset(load_dataset(dataset, root=data_root, split="test"), test_limit, seed + 1)
+    options = {}
+    if pretrained is not None:
+        from edgefl.pretrain import fine_tuning_data_options
+        options = fine_tuning_data_options(pretrained, dataset)
+    train = _subset(load_dataset(dataset, root=data_root, split="train", **options), train_limit, seed)
+    test = _subset(load_dataset(dataset, root=data_root, split="test", **options), test_limit, seed + 1)
     if input_shape is None and model != "transformer" and train.x.ndim == 4:
         input_shape = ",".join(str(d) for d in train.x.shape[1:])
     if classes is None and model != "transformer":

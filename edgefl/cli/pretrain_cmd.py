@@ -7,6 +7,21 @@ from typing import Optional
 import typer
 
 
+def _plays(text: Optional[str], data_root: Optional[Path]) -> Optional[list[str]]:
+    from edgefl.data.shakespeare import read_works
+    from edgefl.errors import ConfigError
+
+    if text is None:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    known = read_works(data_root).plays
+    if unknown := sorted(set(names) - set(known)):
+        raise ConfigError(f"--plays: no play named {', '.join(unknown)}; the plays are: {', '.join(sorted(known))}")
+    if not names:
+        raise ConfigError("--plays: name at least one play (or leave the option out for the default four)")
+    return names
+
+
 def pretrain(
     output: Path = typer.Option(..., "-o", "--output", help="folder for layers-<l>/{weights.pt,config.json}"),
     layers: str = typer.Option("3,6,9,12", "--layers", help="depths to pretrain (CAFF: 3,6,9,12)"),
@@ -22,6 +37,10 @@ def pretrain(
                                    help="measure the validation loss every N steps and keep the best checkpoint (0: keep the last)"),
     patience: int = typer.Option(0, "--patience", min=0,
                                  help="stop after this many validation measurements without a new best (0: run every step)"),
+    plays: Optional[str] = typer.Option(None, "--plays",
+                                        help="comma-separated plays pretrained on beside the poems (default: the "
+                                             "four kept out of the federated clients); a run fine-tuning the set "
+                                             "keeps them out of its clients"),
     dropout: float = typer.Option(0.0, "--dropout", min=0.0, max=0.9,
                                   help="dropout on the embedding and each block's attention and MLP outputs while "
                                        "pretraining (CAFF: 0.05); fine-tuning never uses it"),
@@ -48,7 +67,7 @@ def pretrain(
                                 embed=embed, heads=heads, seed=seed,
                                 eval_every=eval_every, patience=patience, dropout=dropout,
                                 device=device)
-    corpus = pretrain_corpus(data_root)
+    corpus = pretrain_corpus(data_root, holdout=_plays(plays, data_root))
     stdout.print(f"corpus {corpus.name}: {len(corpus.tokens)} tokens, vocabulary {len(corpus.vocab)}, "
                  f"{len(corpus.works)} works; {steps} steps of {batch_size} x {context} tokens per model")
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),

@@ -38,6 +38,7 @@ class Corpus:
     vocab: list[str]
     name: str
     works: list[str]
+    plays: tuple[str, ...] = ()     # the works that are plays: what the federated clients must not hold
 
 
 def build_vocab(texts: Sequence[str]) -> list[str]:
@@ -118,4 +119,4 @@ def pretrain_corpus(root=None, holdout: Optional[Sequence[str]] = None) -> Corpu
     vocab, kept = _vocab(works), sorted(_holdout(works, holdout))
     texts = list(works.poems.values()) + [" ".join(t for _, t in works.plays[p]) for p in kept]
     return Corpus(tokens=encode(" ".join(texts), vocab), vocab=vocab, name="shakespeare-pretrain",
-                  works=sorted(works.poems) + kept)
+                  works=sorted(works.poems) + kept, plays=tuple(kept))

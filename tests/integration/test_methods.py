@@ -349,6 +349,39 @@ def test_pretrain_keeps_the_best_validation_checkpoint_and_stops_on_patience():
     assert held_out_loss(model, test, 80, device, 16) == pytest.approx(summary["held_out_loss"], rel=1e-6)
 
 
+def test_a_run_fine_tuning_a_pretrained_set_keeps_its_plays_out_of_the_clients(tmp_path):
+    """The clients of a run that fine-tunes a set hold none of the plays the set was pretrained on (so no
+    client's text and no test window was pretrained on), whichever plays those were; a set written before
+    configs listed their plays was pretrained on the default ones."""
+    from edgefl.data import load_dataset, pretrain_corpus
+    from edgefl.data.text import PRETRAIN_PLAYS
+    from edgefl.pretrain import PretrainSettings, fine_tuning_data_options, pretrain, pretrained_plays, write
+
+    settings = PretrainSettings(steps=1, batch_size=2, embed=16, heads=2, eval_windows=2)
+    corpus = pretrain_corpus(holdout=["hamlet", "pericles"])
+    write(tmp_path / "mine", *pretrain(corpus, 1, settings)[:2], corpus, settings, {})
+    assert pretrained_plays(tmp_path / "mine") == ["hamlet", "pericles"]
+    options = fine_tuning_data_options(tmp_path / "mine", "shakespeare")
+    for split in ("train", "test"):
+        plays = {name.split("/")[0] for name in load_dataset("shakespeare", split=split, **options).group_names}
+        assert not plays & {"hamlet", "pericles"} and "henry_viii" in plays    # not pretrained on: a client's
+    assert fine_tuning_data_options(tmp_path / "mine", "fashion-mnist") == {}
+
+    corpus = pretrain_corpus()
+    write(tmp_path / "old", *pretrain(corpus, 1, settings)[:2], corpus, settings, {})
+    config_path = tmp_path / "old" / "layers-1" / "config.json"
+    config = json.loads(config_path.read_text())
+    assert config["plays"] == sorted(PRETRAIN_PLAYS)
+    del config["plays"]
+    config_path.write_text(json.dumps(config))
+    assert pretrained_plays(tmp_path / "old") == sorted(PRETRAIN_PLAYS)
+
+    r = subprocess.run([sys.executable, "-m", "edgefl", "pretrain", "-o", str(tmp_path / "bad"), "--plays", "hamlet,hamlett"],
+                       capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 2 and "--plays: no play named hamlett" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_pretraining_dropout_changes_training_but_not_the_model_that_is_saved():
     """Dropout is a pretraining regulariser only: in training mode it makes two passes differ, in evaluation
     mode (and once removed) the model computes what it computes without it, and the saved state dict has
