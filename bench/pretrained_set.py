@@ -15,8 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edgefl.data import pretrain_corpus  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
-from edgefl.pretrain import available  # noqa: E402
+from edgefl.pretrain import available, pretrained_plays  # noqa: E402
 
 PER_DEPTH = ("held_out_loss", "validation_loss", "best_step", "train_loss", "first_loss", "steps", "params",
              "seconds", "validation_curve")
@@ -34,7 +35,8 @@ def summary(folder: Path) -> dict:
         raise SystemExit(f"{folder}: its depths were pretrained with different settings; summarise one set at a time")
     first = next(iter(configs.values()))
     depths = {str(d): {k: c.get(k) for k in PER_DEPTH} for d, c in sorted(configs.items())}
-    return {"settings": first["settings"], "corpus": first["corpus"], "works": first["works"],
+    tokens = len(pretrain_corpus(holdout=pretrained_plays(folder)).tokens)
+    return {"settings": first["settings"], "corpus": first["corpus"], "corpus_tokens": tokens, "works": first["works"],
             "split": f"the corpus's last {first['settings']['holdout']:.0%}: its first half is the validation text "
                      "(chooses the checkpoint), its second half the test text (held_out_loss; never used to choose)",
             "depths": depths,

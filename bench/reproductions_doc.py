@@ -131,6 +131,31 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
+PRETRAINED_SETS = ("caff_pretrained", "caff_pretrained_dropout", "caff_pretrained_more_text")
+
+
+def render_pretrained_sets() -> str:
+    """The CAFF pretrained sets side by side: what each was pretrained on and with, and its losses per depth."""
+    sets = [(n, json.loads(p.read_text())) for n in PRETRAINED_SETS if (p := RESULTS / f"reproduce_{n}.json").exists()]
+    if not sets:
+        return "No pretrained set summarised yet: run `python bench/pretrained_set.py DIR -o ...`.\n"
+    depths = sorted({int(d) for _, r in sets for d in r["depths"]})
+    per_depth = " / ".join(map(str, depths))
+    lines = [f"| set | corpus (characters, works) | dropout | steps (at most) | held-out loss {per_depth} | "
+             f"validation loss {per_depth} | checkpoint kept {per_depth} | held-out falls with depth |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in sets:
+        tokens = r.get("corpus_tokens")
+        corpus = f"{tokens:,}, {len(r['works'])}" if tokens else f"{len(r['works'])} works"
+
+        def each(key, fmt="{:.3f}"):
+            return " / ".join(fmt.format(r["depths"][str(d)][key]) if str(d) in r["depths"] else "-" for d in depths)
+        lines.append(f"| `{name}.json` | {corpus} | {r['settings'].get('dropout', 0.0):g} | {r['settings']['steps']} | "
+                     f"{each('held_out_loss')} | {each('validation_loss')} | {each('best_step', '{}')} | "
+                     f"{verdict(r['held_out_loss_strictly_decreasing_with_depth'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_caff_seeds(names: tuple[str, ...] = ("caff", "caff_seed1")) -> str:
     """Final accuracy per budget column and method at each seed, and each seed's order and verdict."""
     runs = [json.loads(p.read_text()) for p in (RESULTS / f"reproduce_{n}.json" for n in names) if p.exists()]
@@ -210,6 +235,7 @@ def render_slt() -> str:
 
 
 RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds,
+          "caff_pretrained_sets": render_pretrained_sets,
           "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False),
           **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")},
           **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
