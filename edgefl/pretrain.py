@@ -1,26 +1,27 @@
 """The CAFF set of pretrained tiny language models, on the public-domain corpus (imports torch).
 
 CAFF (sec. 4.1) pretrains causal transformers with l in {3, 6, 9, 12} blocks (embedding 96, 3 heads) with
-AdamW (betas 0.9 / 0.95, weight decay 0.1 on weight matrices) and a sinusoidal learning-rate decay to a
-tenth, then fine-tunes them federatedly; CAFF and the baselines (Heterogeneous LoRA, FedHM, ...) start from
-them. We train the same architectures on edgefl.data.pretrain_corpus (the poems and the plays kept out of
-the federated Shakespeare clients, default edgefl.data.text.PRETRAIN_PLAYS, same character vocabulary; a run
-that fine-tunes the set keeps every play it was pretrained on out of its clients: `fine_tuning_data_options`) for as many steps as a few CPU-minutes
-allow, after a short linear warm-up (a tenth of the steps, at most 100). A batch is `batch_size` random
-windows of `context` + 1 tokens; the loss is next-token cross-entropy at every position, as the torch
-trainer fine-tunes. The corpus's last `holdout` share is never trained on. Its first half is the
-validation text, its second half the test text: the mean loss over (up to `eval_windows` of) the test text's
-non-overlapping windows is the held-out loss reported. With `eval_every` > 0 the validation loss is measured
-every that many steps and the model kept is the checkpoint where it was lowest (early stopping: on a corpus
-this small a long run can overfit, where CAFF's models see theirs once); with `patience` > 0 training stops
-after that many measurements without a new best. The test text is never used to choose, so the reported loss
-is not chosen on. `dropout` (CAFF pretrains with 0.05 and fine-tunes with none) drops the embedding's output and
-each block's attention and MLP outputs before they join the residual stream, as GPT-2 does. It is applied by
-forward hooks while pretraining only: the saved state dict, the model edgefl builds and exports, and every
-fine-tuning run have no dropout.
+AdamW (betas 0.9 / 0.95, weight decay 0.1 on weight matrices) and a sinusoidal learning-rate decay to a tenth,
+then fine-tunes them federatedly; CAFF and the baselines (Heterogeneous LoRA, FedHM, ...) start from them. We
+train the same architectures on edgefl.data.pretrain_corpus (the poems and the plays kept out of the federated
+Shakespeare clients, by default edgefl.data.text.PRETRAIN_PLAYS; the same character vocabulary; a run that
+fine-tunes the set keeps every play it was pretrained on out of its clients: `fine_tuning_data_options`) for
+as many steps as a few CPU-minutes allow, after a short linear warm-up (a tenth of the steps, at most 100). A
+batch is `batch_size` random windows of `context` + 1 tokens; the loss is next-token cross-entropy at every
+position, as the torch trainer fine-tunes. The corpus's last `holdout` share is never trained on. Its first
+half is the validation text, its second half the test text: the mean loss over (up to `eval_windows` of) the
+test text's non-overlapping windows is the held-out loss reported. With `eval_every` > 0 the validation loss
+is measured every that many steps and the model kept is the checkpoint where it was lowest (early stopping: on
+a corpus this small a long run can overfit, where CAFF's models see theirs once); with `patience` > 0 training
+stops after that many measurements without a new best. The test text is never used to choose, so the reported
+loss is not chosen on. `dropout` (CAFF pretrains with 0.05 and fine-tunes with none) drops the embedding's
+output and each block's attention and MLP outputs before they join the residual stream, as GPT-2 does. It is
+applied by forward hooks while pretraining only: the saved state dict, the model edgefl builds and exports,
+and every fine-tuning run have no dropout.
 
 Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
-the model as a ModelRef, the vocabulary, the corpus, the settings, and the measured losses and seconds).
+the model as a ModelRef, the vocabulary, the corpus, its works and plays, the settings, and the measured
+losses and seconds).
 """
 from __future__ import annotations
 
