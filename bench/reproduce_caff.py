@@ -49,6 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import run_method  # noqa: E402
+from pretrained_set import strictly_decreasing  # noqa: E402
 from reproduction import add_energy, compare  # noqa: E402
 
 from edgefl.cli.emulate_cmd import _pretrained_ref, _subset  # noqa: E402  (what `edgefl emulate --pretrained` does)
@@ -250,7 +251,7 @@ def main(argv=None) -> None:
                 "multiples of the least budget at which every method of the paper's order runs"}
     result = {"paper": PAPER, "settings": settings, "paper_order": PAPER_ORDER,
               "pretrained": {"depths": depths, "held_out_loss_strictly_decreasing_with_depth":
-                             all(a > b for a, b in zip(losses, losses[1:]))},
+                             strictly_decreasing(losses)},
               "budgets_bytes": {}, "methods": {}, "load_before": os.getloadavg()}
     if args.output.exists():      # a run of other budgets or methods adds to the same settings' rows
         old = json.loads(args.output.read_text())
