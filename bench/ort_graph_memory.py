@@ -9,9 +9,11 @@ beside the cost model's step peak and kept bytes (torch autograd's accounting, w
 and beside the peak a device measured for the same set in bench/results/artifact_memory.json.
 
 The questions it answers: does ORT's graph keep more than torch autograd does, per family, as the fitted
-workspace factors (ORT: 1.06 densenet40 ... 1.61 vit) would suggest? And (`fits`) would ORT's constants,
-fitted as artifact_memory fits them but on the graph's live peak in place of the cost model's step peak,
-bound a held-out family more tightly?
+workspace factors suggested (1.06 densenet40 ... 1.61 vit, with ORT's buffer reuse on)? And (`fits`) would ORT's
+constants, fitted as artifact_memory fits them but on the graph's live peak in place of the cost model's step
+peak, bound a held-out family more tightly? The graph's live peak is 0.96-1.12 of the step peak: the factors'
+spread was not in the graph but in ORT's allocation plan, which held the buffers it meant to reuse
+(bench/ort_mem_reuse.py); with reuse off the factors are 0.92-1.12.
 
 Run: python bench/ort_graph_memory.py [--models vit,densenet40] [--configs 0:1,0:0.25] [-o FILE]
 """
