@@ -1,11 +1,11 @@
-"""ONNX Runtime's buffer reuse in the training graph, on (ORT's default) and off (what devices run), side by side.
+"""ONNX Runtime's buffer reuse, on (ORT's default) and off (what devices run), side by side.
 
 ORT's allocation planner gives a tensor the buffer of an earlier, dead tensor of the same size, and keeps that
 buffer from the first tensor's birth to the second's death. In a training graph the pairs span the whole step: a
 forward temporary (a matmul's output before its bias add, the input of a reshape) lends its buffer to a gradient
 of the same shape made in backward, so at the turn from forward to backward every lent buffer is allocated,
-though none holds a live tensor. `edgefl.device_runtime.trainers.ort_trainer` turns reuse off for the training
-graph (`enable_mem_reuse`); this benchmark measures what that changes.
+though none holds a live tensor. `edgefl.device_runtime.trainers.ort_trainer` turns reuse off in every session it
+opens (`enable_mem_reuse`); this benchmark measures what that changes.
 
 Each set (the zoo defaults of bench/artifact_memory.py: frozen prefix K x head width S, exported as `edgefl
 export` writes it) is trained by `edgefl-device train`'s own child process (fixed allocator, one thread, torch
@@ -36,12 +36,12 @@ from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.zoo import ModelRef, build  # noqa: E402
 
 MODELS = "resnet20,cnn,transformer,vgg11bn,densenet40,vit"
-# the device's child, with ORT's default (reuse on) put back into the training graph's session options
+# the device's child, with ORT's default (reuse on) put back into its sessions' options
 REUSE_ON = ("import sys\n"
             "from edgefl.device_runtime.trainers import ort_trainer\n"
             "own = ort_trainer._session_options\n"
-            "def with_reuse(threads, training=False):\n"
-            "    options = own(threads, training)\n"
+            "def with_reuse(threads):\n"
+            "    options = own(threads)\n"
             "    options.enable_mem_reuse = True\n"
             "    return options\n"
             "ort_trainer._session_options = with_reuse\n"

@@ -30,21 +30,21 @@ from edgefl.manifest import ArtifactSet, TensorEntry
 SGD_SLICE = 1 << 16     # values the SGD step updates at a time (its scratch buffer: 256 KiB)
 
 
-def _session_options(threads: int, training: bool = False):
+def _session_options(threads: int):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     # no arena: ORT's CPU arena grows by doubling and keeps what it grew (a CNN set peaked at 147 MiB with it,
     # 102 without); each tensor is then the allocator's own block, freed when ORT frees it
     options.enable_cpu_mem_arena = False
-    if training:
-        # no buffer reuse in the training graph: ORT's planner hands a forward temporary's buffer (a matmul's
-        # output before its bias add) to a backward tensor of the same size, and holds it through the whole
-        # gap, so at the turn from forward to backward every such buffer is alive though none is in use. Off,
-        # a tensor is freed after its last reader, as the cost model's step timeline assumes: step peaks above
-        # the loaded process 609 -> 466 MiB (transformer), 251 -> 176 (ViT), 72 -> 57 (VGG-11), 57 -> 50
-        # (ResNet-20), 589 -> 580 (DenseNet-40), for 9-12% longer steps (bench/results/ort_mem_reuse.json)
-        options.enable_mem_reuse = False
+    # no buffer reuse: ORT's planner hands a dead tensor's buffer to a later tensor of the same size and holds
+    # it through the gap; in a training graph a forward temporary (a matmul's output before its bias add) lends
+    # its buffer to a gradient, so the turn from forward to backward holds every lent buffer though none is in
+    # use. Off, a tensor is freed after its last reader, as the cost model's step timeline assumes. Whole models,
+    # peaks above the loaded process: transformer 620 -> 475 MiB, ViT 273 -> 198, VGG-11 117 -> 102, ResNet-20
+    # 69 -> 62, DenseNet-40 605 -> 596; steps about 5% longer (bench/results/ort_mem_reuse.json). Inference
+    # holds no more without it (the transformer's evaluation of 32 examples: 79 -> 58 MiB)
+    options.enable_mem_reuse = False
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
@@ -67,7 +67,7 @@ class OrtTrainer(ArtifactTrainer):
         try:
             self.state = api.CheckpointState.load_checkpoint(str(folder / m.file("checkpoint")))
             self.module = api.Module(str(folder / m.file("training_model")), self.state,
-                                     session_options=_session_options(threads, training=True))
+                                     session_options=_session_options(threads))
         except RuntimeError as exc:  # onnxruntime's own errors: a file the runtime cannot load
             raise ArtifactError(f"{folder}: ONNX Runtime cannot load the suffix ({str(exc).splitlines()[0]}); "
                                 "re-export it for onnxruntime-training 1.19") from None
