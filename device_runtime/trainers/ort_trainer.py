@@ -41,8 +41,8 @@ def _session_options(threads: int):
     # it through the gap; in a training graph a forward temporary (a matmul's output before its bias add) lends
     # its buffer to a gradient, so the turn from forward to backward holds every lent buffer though none is in
     # use. Off, a tensor is freed after its last reader, as the cost model's step timeline assumes. Whole models,
-    # peaks above the loaded process: transformer 620 -> 475 MiB, ViT 273 -> 198, VGG-11 117 -> 102, ResNet-20
-    # 69 -> 62, DenseNet-40 605 -> 596; steps about 5% longer (bench/results/ort_mem_reuse.json). Inference
+    # peaks above the loaded process: transformer 619 -> 475 MiB, ViT 273 -> 198, VGG-11 117 -> 102, ResNet-20
+    # 68 -> 61, DenseNet-40 604 -> 596; steps about 3% longer (bench/results/ort_mem_reuse.json). Inference
     # holds no more without it (the transformer's evaluation of 32 examples: 79 -> 58 MiB)
     options.enable_mem_reuse = False
     options.intra_op_num_threads = threads
