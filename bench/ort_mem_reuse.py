@@ -2,7 +2,7 @@
 
 ORT's allocation planner gives a tensor the buffer of an earlier, dead tensor of the same size, and keeps that
 buffer from the first tensor's birth to the second's death. In a training graph the pairs span the whole step: a
-forward temporary (a matmul's output before its bias add, the input of a reshape) lends its buffer to a gradient
+forward temporary (a matmul's output before its bias add) lends its buffer to a gradient
 of the same shape made in backward, so at the turn from forward to backward every lent buffer is allocated,
 though none holds a live tensor. `edgefl.device_runtime.trainers.ort_trainer` turns reuse off in every session it
 opens (`enable_mem_reuse`); this benchmark measures what that changes.

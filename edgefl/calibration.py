@@ -127,8 +127,8 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # peak) says it holds; with it they were 1.06-1.61 (bench/results/ort_mem_reuse.json). Held out, a family
     # priced with the others' largest terms: cnn 0.75-0.82, densenet40 0.70-0.80, resnet 0.76-0.82, transformer
     # 0.73-0.93, vgg11bn 0.76-0.91, vit 0.78-0.83: safe, and loose through the generic factor 1.47, the CNN's fit
-    # without hidden bytes: its step peaks (6-15 MiB) leave its factor and fixed term free to trade (the same grid
-    # measured an hour earlier, reuse then off in the training graph alone, fitted 1.40: held-out lows 0.74-0.81).
+    # without hidden bytes: its step peaks (6-15 MiB) leave its factor and fixed term free to trade (an earlier
+    # measurement of the same grid fitted it at 1.40).
     # prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a time
     # (edgefl.device_runtime.trainers.ort_trainer).
     "ort": RuntimeConstants(
