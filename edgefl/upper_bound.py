@@ -118,30 +118,71 @@ FITTED = ("workspace_fixed_bytes", "workspace_factor", "trained_weight_copies", 
           "hidden_bytes")
 
 
+# `joint_generic`'s margins for a model of an unmeasured family: the least of these that bounds each measured family
+# when that family is left out of the fit
+GENERIC_MARGINS = grid(0.15, 0.01)[2:]
+
+
 def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants, *,
-                 source: str = "", learn_hidden: bool = False, **grids) -> RuntimeConstants:
+                 source: str = "", learn_hidden: bool = False, joint: bool = False, **grids) -> RuntimeConstants:
     """`base` with each family's own upper bound (`peaks`: family -> its terms and measured peaks;
-    RuntimeConstants.families) and, for models of any other family, term by term the largest any of them
-    needed (the fixed and device bytes as one: the largest total): an upper bound for every measured family,
-    and the most a new one can be promised. `grids` as for `fit_upper_bound`. With `learn_hidden` a family's
-    own terms include hidden_bytes; the terms for other families come from fits without it: a family's
-    hidden-layer bytes trade against its factor, and the largest of each, taken from different families,
-    does not bound a family none of them is."""
+    RuntimeConstants.families) and the terms a model of any other family gets: with `joint`, `joint_generic`'s
+    where it has them; else term by term the largest any family needed (the fixed and device bytes as one: the
+    largest total). Both are an upper bound for every measured family; the largest terms also the most a new one
+    can be promised, and loose where the families' largest terms come from different families. `joint` is for a
+    runtime whose families share one shape (ORT: its graph holds what the step peak says, the families' factors
+    agree), not one whose families each need their own (ExecuTorch's memory planner). `grids` as for `fit_upper_bound`. With `learn_hidden` a family's own terms
+    include hidden_bytes; the generic terms come from fits without it: a family's hidden-layer bytes trade
+    against its factor, and the largest of each, taken from different families, does not bound a family none
+    of them is."""
     plain = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
              for name, (terms, measured) in sorted(peaks.items())}
     per = ({name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=True, **grids).constants
             for name, (terms, measured) in sorted(peaks.items())} if learn_hidden else plain)
     n = sum(len(m) for _, m in peaks.values())
-    largest = {f: max(getattr(k, f) for k in plain.values()) for f in FITTED}
-    # a device's fixed bytes are F + D: the largest total any family needed, not the largest F plus the largest D.
-    # How a new family's total splits between its training loop and its device process is not known (densenet40's
-    # loop needs 8% more F than any other family's, its device process less D): its bare loops get the total too
-    largest["workspace_fixed_bytes"] = max(k.workspace_fixed_bytes + k.device_bytes for k in plain.values())
-    largest["device_bytes"] = 0
-    constants = replace(base, families=(), **largest,
-                        source=source or f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES >> 20} MiB) per family "
-                                         f"on {n} measured peaks of {', '.join(per)}; other models: each term the "
-                                         "largest of theirs")
+    head = f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES >> 20} MiB) per family on {n} measured peaks of " \
+           f"{', '.join(per)}; other models: "
+    found = joint_generic(peaks, replace(base, families=()), **grids) if joint else None
+    if found is not None:
+        k, fraction = found
+        constants = replace(k, source=source or head + f"one fit over all of them, weight copies at their ceiling, "
+                                                       f"+{fraction:.0%}: the least that bounded each left out")
+    else:
+        largest = {f: max(getattr(k, f) for k in plain.values()) for f in FITTED}
+        # a device's fixed bytes are F + D: the largest total any family needed, not the largest F plus the largest
+        # D. How a new family's total splits between its training loop and its device process is not known
+        # (densenet40's loop needs 8% more F than any other family's, its device process less D): its bare loops
+        # get the total too
+        largest["workspace_fixed_bytes"] = max(k.workspace_fixed_bytes + k.device_bytes for k in plain.values())
+        largest["device_bytes"] = 0
+        constants = replace(base, families=(), **largest,
+                            source=source or head + "each term the largest of theirs")
     for name, k in per.items():
         constants = constants.with_family(name, *(getattr(k, f) for f in FITTED))
     return constants
+
+
+def joint_generic(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants,
+                  **grids) -> tuple[RuntimeConstants, float] | None:
+    """The terms for a model of an unmeasured family, and their margin: one fit over every family's peaks with
+    the weight copies at the top of their grids (how a new family's runtime copies its weights is not known:
+    the most any family may), with the least margin of GENERIC_MARGINS under which, leaving each family out in
+    turn, the fit on the others bounds the one left out with the in-sample margin. None with fewer than two
+    families, or where no such margin exists: the families differ too much for one fit to speak for a new one."""
+    names = sorted(peaks)
+    if len(names) < 2:
+        return None
+    ceiling = {key: (max(grids[key]),) if grids.get(key) is not None else None
+               for key in ("trained_copies", "frozen_copies")}
+
+    def fit(members, fraction):
+        terms = [t for name in members for t in peaks[name][0]]
+        measured = [m for name in members for m in peaks[name][1]]
+        return fit_upper_bound(terms, measured, base, fraction=fraction, factors=grids.get("factors"),
+                               **ceiling).constants
+
+    for fraction in GENERIC_MARGINS:
+        if all(max(m / t.peak(k) for t, m in zip(*peaks[out])) <= 1 / (1 + MARGIN_FRACTION)
+               for out in names for k in [fit([n for n in names if n != out], fraction)]):
+            return fit(names, fraction), fraction
+    return None

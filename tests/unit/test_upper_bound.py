@@ -4,7 +4,7 @@ import pytest
 
 from edgefl.calibration import RuntimeConstants
 from edgefl.cost import PeakTerms
-from edgefl.upper_bound import fit_families, fit_upper_bound, grid
+from edgefl.upper_bound import fit_families, fit_upper_bound, grid, joint_generic
 
 MiB = 2**20
 BASE = RuntimeConstants(100 * MiB, 0, 1.0, "test", trained_weight_copies=0.0, frozen_weight_copies=0.0)
@@ -102,3 +102,61 @@ def test_a_new_family_is_priced_without_hidden_bytes_but_by_the_fits_that_lack_t
     for name in ("cnn", "vit"):
         terms, measured = _hidden_family(10, 6) if name == "cnn" else _hidden_family(20, 2)
         assert all(t.peak(k) >= m for t, m in zip(terms, measured))       # the generic terms cover both
+
+
+def _shaped_family(fixed_mib, factor, steps_mib=(10, 20, 40, 80)):
+    """Device samples whose workspace is `fixed_mib` plus `factor` times a step peak of 10..80 MiB."""
+    terms = [PeakTerms(floor=s * MiB, trained_param_bytes=MiB, frozen_bytes=0, step_peak_bytes=s * MiB, kept_bytes=0)
+             for s in steps_mib]
+    return terms, [100 * MiB + t.floor + fixed_mib * MiB + int(factor * t.step_peak_bytes) for t in terms]
+
+
+FACTORS = grid(3.0, 0.01)
+
+
+def test_families_of_one_shape_give_a_new_one_a_single_fit_over_all_of_them():
+    peaks = {"cnn": _shaped_family(10, 1.1), "vit": _shaped_family(14, 1.0), "vgg11bn": _shaped_family(12, 1.05)}
+    joint = fit_families(peaks, BASE, factors=FACTORS, joint=True)
+    largest = fit_families(peaks, BASE, factors=FACTORS)
+    assert "one fit over all of them" in joint.source and "each term the largest" in largest.source
+    generic = replace(joint, families=())
+    for terms, measured in peaks.values():
+        assert all(m <= t.peak(generic) for t, m in zip(terms, measured))     # still a bound on every family
+    # one fit over every family's peaks at the margin joint_generic found, not any family's own terms
+    _, fraction = joint_generic(peaks, BASE, factors=FACTORS)
+    every = fit_upper_bound([t for ts, _ in peaks.values() for t in ts], [m for _, ms in peaks.values() for m in ms],
+                            BASE, fraction=fraction, factors=FACTORS).constants
+    assert (generic.workspace_fixed_bytes, generic.workspace_factor) == (every.workspace_fixed_bytes,
+                                                                        every.workspace_factor)
+    assert (generic.workspace_fixed_bytes, generic.workspace_factor) not in {
+        (joint.for_model(n).workspace_fixed_bytes, joint.for_model(n).workspace_factor) for n in peaks}
+
+
+def test_the_joint_margin_is_the_least_that_bounds_each_family_left_out():
+    peaks = {"cnn": _shaped_family(10, 1.1), "vit": _shaped_family(14, 1.0), "vgg11bn": _shaped_family(20, 1.2)}
+    k, fraction = joint_generic(peaks, BASE, factors=FACTORS)
+    assert fraction > 0.02          # fitted on cnn and vit, vgg11bn's larger peaks need more than 2%
+
+    def worst_left_out(f):
+        out = []
+        for name in peaks:
+            rest = [n for n in peaks if n != name]
+            fit = fit_upper_bound([t for n in rest for t in peaks[n][0]], [m for n in rest for m in peaks[n][1]],
+                                  BASE, fraction=f, factors=FACTORS).constants
+            out.append(max(m / t.peak(fit) for t, m in zip(*peaks[name])))
+        return max(out)
+
+    assert worst_left_out(fraction) <= 1 / 1.02 < worst_left_out(round(fraction - 0.01, 2))
+    assert "%d%%" % round(fraction * 100) in fit_families(peaks, BASE, factors=FACTORS, joint=True).source
+    # how a new family copies its weights is not known: the most the grid allows
+    copies = joint_generic(peaks, BASE, factors=FACTORS, trained_copies=grid(1.0, 0.5), frozen_copies=grid(0.5, 0.5))
+    assert (copies[0].trained_weight_copies, copies[0].frozen_weight_copies) == (1.0, 0.5)
+
+
+def test_families_too_different_for_one_fit_fall_back_to_the_largest_terms():
+    peaks = {"cnn": _shaped_family(5, 0.5), "vit": _shaped_family(5, 2.5), "vgg11bn": _shaped_family(40, 1.0)}
+    assert joint_generic(peaks, BASE, factors=FACTORS) is None
+    k = fit_families(peaks, BASE, factors=FACTORS, joint=True)
+    assert "each term the largest" in k.source
+    assert k.workspace_factor >= 2.5 and k.workspace_fixed_bytes >= 40 * MiB
+    assert joint_generic({"cnn": peaks["cnn"]}, BASE, factors=FACTORS) is None     # one family: nothing to leave out
