@@ -128,9 +128,9 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # peak) says it holds; with it they were 1.06-1.61 (bench/results/ort_mem_reuse.json). As they agree, a family
     # never measured gets one fit over all 42 peaks, its weight copies at their ceiling (1 each) and a margin of
     # 3%: the least under which, leaving each family out, the fit on the others bounded it. Held out (fitted on the
-    # other five, checked on the sixth): cnn 0.82-0.94, densenet40 0.78-0.91, resnet 0.88-0.95, transformer
-    # 0.82-0.95, vgg11bn 0.80-0.95, vit 0.88-0.92; each term the largest of the families' own fits gave 0.70-0.93
-    # (its factor the CNN's, 1.47: its 6-15 MiB step peaks leave its factor and fixed term free to trade).
+    # other five, checked on the sixth): cnn 0.824-0.938, densenet40 0.775-0.910, resnet 0.880-0.953, transformer
+    # 0.821-0.952, vgg11bn 0.797-0.954, vit 0.880-0.922; each term the largest of the families' own fits gave
+    # 0.702-0.929 (its factor the CNN's, 1.47: its 6-15 MiB step peaks leave its factor and fixed term free to trade).
     # prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a time
     # (edgefl.device_runtime.trainers.ort_trainer).
     "ort": RuntimeConstants(
