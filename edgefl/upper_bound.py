@@ -131,10 +131,10 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
     largest total). Both are an upper bound for every measured family; the largest terms also the most a new one
     can be promised, and loose where the families' largest terms come from different families. `joint` is for a
     runtime whose families share one shape (ORT: its graph holds what the step peak says, the families' factors
-    agree), not one whose families each need their own (ExecuTorch's memory planner). `grids` as for `fit_upper_bound`. With `learn_hidden` a family's own terms
-    include hidden_bytes; the generic terms come from fits without it: a family's hidden-layer bytes trade
-    against its factor, and the largest of each, taken from different families, does not bound a family none
-    of them is."""
+    agree), not one whose families each need their own (ExecuTorch's memory planner). `grids` as for
+    `fit_upper_bound`. With `learn_hidden` a family's own terms include hidden_bytes; the generic terms come
+    from fits without it: a family's hidden-layer bytes trade against its factor, and the largest of each,
+    taken from different families, does not bound a family none of them is."""
     plain = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
              for name, (terms, measured) in sorted(peaks.items())}
     per = ({name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=True, **grids).constants
