@@ -135,10 +135,11 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
     `fit_upper_bound`. With `learn_hidden` a family's own terms include hidden_bytes; the generic terms come
     from fits without it: a family's hidden-layer bytes trade against its factor, and the largest of each,
     taken from different families, does not bound a family none of them is."""
-    plain = {name: fit_upper_bound(terms, measured, replace(base, families=()), **grids).constants
-             for name, (terms, measured) in sorted(peaks.items())}
-    per = ({name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=True, **grids).constants
-            for name, (terms, measured) in sorted(peaks.items())} if learn_hidden else plain)
+    def own(hidden: bool) -> dict[str, RuntimeConstants]:
+        return {name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=hidden,
+                                      **grids).constants for name, (terms, measured) in sorted(peaks.items())}
+
+    per = own(learn_hidden)
     n = sum(len(m) for _, m in peaks.values())
     head = f"upper bound (+{MARGIN_FRACTION:.0%}, >= {MARGIN_BYTES >> 20} MiB) per family on {n} measured peaks of " \
            f"{', '.join(per)}; other models: "
@@ -148,6 +149,7 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
         constants = replace(k, source=source or head + f"one fit over all of them, weight copies at their ceiling, "
                                                        f"+{fraction:.0%}: the least that bounded each left out")
     else:
+        plain = own(False) if learn_hidden else per
         largest = {f: max(getattr(k, f) for k in plain.values()) for f in FITTED}
         # a device's fixed bytes are F + D: the largest total any family needed, not the largest F plus the largest
         # D. How a new family's total splits between its training loop and its device process is not known
