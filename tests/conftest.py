@@ -40,6 +40,7 @@ def native_trainer():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: the long sweeps, deselected by default; run them with -m slow")
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU, deselected by default; run them with -m cuda")
 
 
 @pytest.fixture(scope="module")

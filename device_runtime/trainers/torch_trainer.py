@@ -149,7 +149,9 @@ class TorchTrainer:
 
     @torch.no_grad()
     def evaluate(self, model, config: TrainConfig, x: np.ndarray, y: np.ndarray, batch: int = 512) -> dict:
-        model.eval()
+        """Loss and accuracy of `model` on (x, y), on this trainer's device: a model built elsewhere (a
+        pretrained one, say) is moved there first."""
+        model.to(self.device).eval()
         total, correct, loss = 0, 0, 0.0
         for start in range(0, len(x), batch):
             xb = torch.as_tensor(x[start:start + batch], device=self.device)
