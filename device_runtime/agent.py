@@ -33,10 +33,10 @@ from edgefl.errors import ConfigError, EdgeflError
 from edgefl.manifest import ArtifactSet, unflatten
 from edgefl.messages import DeviceReport
 from edgefl.device_runtime.child import run_child, run_process
-from edgefl.device_runtime.link import Unreadable
 from edgefl.device_runtime.local_data import ModelInput, check_labels, check_layout, open_local_data
 from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
+from edgefl.transport.envelopes import Unreadable
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
 

@@ -44,29 +44,12 @@ from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest, TensorEntry
 from edgefl.messages import DeviceReport
 from edgefl.transport import envelopes, topics
 from edgefl.transport.chunks import CHUNK_SIZE, WINDOW, ChunkManifest
-from edgefl.transport.envelopes import Assignment
+from edgefl.transport.envelopes import Assignment, Unreadable
 from edgefl.transport.tensors import pack, unpack
 from edgefl.transport.wire import Traffic, Wire, log
 from edgefl.device_runtime.cache import ArtifactCache
 
 _CLOSED, _RECONNECTED = "closed", "reconnected"
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """An instruction this device cannot follow (another protocol version, a malformed message), with what
-    could be read of it: enough to answer the coordinator with a failed report and the reason."""
-    round: int
-    config_hash: str
-    reason: str
-
-    @classmethod
-    def of(cls, payload: bytes, reason: str) -> Optional["Unreadable"]:
-        try:
-            ins = json.loads(payload)["instruction"]
-            return cls(int(ins["round"]), str(ins.get("config_hash", "")), reason)
-        except (ValueError, KeyError, TypeError):
-            return None    # not even a round to answer for: logged only
 
 
 @dataclass

@@ -92,6 +92,23 @@ class Assignment:
             raise TransportError(f"instruction: malformed ({type(exc).__name__}: {exc})") from None
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """An instruction this device cannot follow (another protocol version, a malformed message), with what
+    could be read of it: enough to answer the coordinator with a failed report and the reason."""
+    round: int
+    config_hash: str
+    reason: str
+
+    @classmethod
+    def of(cls, payload: bytes, reason: str) -> Optional["Unreadable"]:
+        try:
+            ins = json.loads(payload)["instruction"]
+            return cls(int(ins["round"]), str(ins.get("config_hash", "")), reason)
+        except (ValueError, KeyError, TypeError):
+            return None    # not even a round to answer for: logged only
+
+
 def want(artifact: str, chunk_size: Optional[int], missing: Optional[list[int]], resend: bool) -> bytes:
     return dumps({"want": artifact, "chunk_size": chunk_size, "missing": missing, "resend": resend})
 
