@@ -38,7 +38,9 @@ are reported under the constants in force: bench/memory_model.py fits torch on t
 Writes bench/results/artifact_memory.json, merged: rows and headline keys of backends this run did not
 measure are kept, and `runs` says which run measured which backends. Headlines:
 `ort_all_but_head_over_full_resnet20`, per runtime the fitted constants (`<runtime>_constants`), the fit's
-measured/predicted band (`<runtime>_fit`) and `<runtime>_leave_one_family_out`; `executorch_goals`.
+measured/predicted band (`<runtime>_fit`) and `<runtime>_leave_one_family_out`; `executorch_goals`;
+`executorch_phases`: per family, in which phase (load, train, upload) the peaks are, and each phase's peak over
+the loaded process.
 """
 from __future__ import annotations
 
@@ -304,6 +306,25 @@ def executorch_summary(rows: list[dict], store: ProfileStore, baseline: int, bin
         out.update(upper_bound_summary("executorch", rows, store, baseline))
     if arena := arena_summary(rows, store, baseline):
         out["executorch_arena"] = arena
+    if phases := phase_summary(rows):
+        out["executorch_phases"] = phases
+    return out
+
+
+def phase_summary(rows: list[dict]) -> dict:
+    """Where a device's peak is, per family, from the rows whose report has each phase's peak: how many rows
+    peak in each phase, and each phase's peak over the loaded process (what loading leaves resident) in bytes.
+    Loading the prefix can hold its weights twice for a moment (XNNPACK packs a copy while the program's own is
+    alive); training adds the kernels' code pages and the optimizer's state."""
+    measured = [r for r in rows if r.get("phase_peak_rss_bytes")]
+    out = {}
+    for name in sorted({family(r["model"]) for r in measured}):
+        mine = [r for r in measured if family(r["model"]) == name]
+        peaks_in = [max(r["phase_peak_rss_bytes"], key=r["phase_peak_rss_bytes"].get) for r in mine]
+        over = {phase: [r["phase_peak_rss_bytes"][phase] - r["loaded_rss_bytes"] for r in mine
+                        if phase in r["phase_peak_rss_bytes"]] for phase in ("load", "train", "upload")}
+        out[name] = {"rows": len(mine), "peak_in": {p: peaks_in.count(p) for p in sorted(set(peaks_in))},
+                     **{f"{phase}_over_loaded_bytes": [min(v), max(v)] for phase, v in over.items() if v}}
     return out
 
 
@@ -414,7 +435,8 @@ def summaries(rows: list[dict], backends: list[str], store: ProfileStore, baseli
 
 HEADLINES = ("ort_all_but_head_over_full_resnet20", "ort_baseline_bytes", "ort_constants", "ort_fit",
              "ort_leave_one_family_out", "torch_under_constants", "executorch_goals", "executorch_baseline",
-             "executorch_constants", "executorch_fit", "executorch_leave_one_family_out", "executorch_arena")
+             "executorch_constants", "executorch_fit", "executorch_leave_one_family_out", "executorch_arena",
+             "executorch_phases")
 
 
 def refit(path: Path, backends: list[str]) -> int:
