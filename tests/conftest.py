@@ -52,3 +52,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    """--dist loadgroup spreads a module's tests over both workers, and a module-scoped fixture then runs
+    once per worker (the README demo's fleet, a Ray cluster: 15-50 s each). The tests of a module that
+    use a fixture set up once for that module share one worker, unless a group already names theirs."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        module = item.nodeid.split("::")[0]
+        shared = [d for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
+                  if d.scope == "module" and d.baseid == module]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(module))

@@ -2,8 +2,8 @@
 
 * parity over 10 steps on the same batches (the `--steps` schedule of `ArtifactTrainer.fit`): native vs the
   Python ExecuTorch trainer vs torch's eager suffix, on CNN frozen 1 (a trained conv before a max pool),
-  ResNet-20 frozen 4 width 0.25 (train-mode BN) and the transformer frozen 2 (an LM: N*T targets): trained
-  tensors rel. err <= 1e-5 (AdamW <= 1e-4), the same loss sequence to 1e-5;
+  ResNet-20 frozen 4 width 0.25 (train-mode BN) and the transformer frozen 2 with AdamW (an LM: N*T
+  targets): trained tensors rel. err <= 1e-5 (AdamW <= 1e-4), the same loss sequence to 1e-5;
 * the agent's schedule (`--epochs`, numpy's permutation bit for bit) reaches the worker's tensors;
 * local data is read a batch at a time: 15,000 examples cost no more memory than 300;
 * bad input (an operator the shipped kernels lack, a truncated program, data of the wrong shape, labels
@@ -27,10 +27,14 @@ from edgefl.submodel import index_sets
 pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed"),
               pytest.mark.usefixtures("one_thread")]
 LR, STEPS, SEED = 0.05, 10, 5
+# AdamW at SGD's 0.05 throws the LM's loss from 4.6 to 7.5 in five steps, where float32 rounding decides the
+# digits compared: its usual rate
+ADAMW_LR = 1e-3
+# the contract suite's sets (an ExecuTorch export of a ResNet-20 suffix takes a minute or two): SGD with
+# train-mode BN on ResNet-20, AdamW on the LM
 CASES = [pytest.param(CNN, cnn_config(1), 1e-5, id="cnn-frozen1"),
          pytest.param(RESNET, resnet_config(4, 0.25), 1e-5, id="resnet20-frozen4-width0.25"),
-         pytest.param(LM, lm_config(2), 1e-5, id="transformer-frozen2"),
-         pytest.param(RESNET, resnet_config(4, 0.25, "adamw"), 1e-4, id="resnet20-frozen4-width0.25-adamw")]
+         pytest.param(LM, lm_config(2, "adamw"), 1e-4, id="transformer-frozen2-adamw")]
 
 
 def rel(a, b) -> float:
@@ -74,12 +78,16 @@ def fit_batches(examples: int, batch: int, steps: int, seed: int):
     return batches
 
 
+def rate(config) -> float:
+    return LR if config.optimizer == "sgd" else ADAMW_LR
+
+
 def torch_run(ref, config, artifacts, x, y):
     """The eager device model, split as the exporter splits it, trained on fit's batches."""
     torch.manual_seed(0)
     parts = split(ref, config, global_state(ref), index_sets(ref, config))
-    opt = (torch.optim.SGD(parts.suffix.parameters(), lr=LR, momentum=0.9, weight_decay=1e-5)
-           if config.optimizer == "sgd" else torch.optim.AdamW(parts.suffix.parameters(), lr=LR))
+    opt = (torch.optim.SGD(parts.suffix.parameters(), lr=rate(config), momentum=0.9, weight_decay=1e-5)
+           if config.optimizer == "sgd" else torch.optim.AdamW(parts.suffix.parameters(), lr=rate(config)))
     parts.suffix.train()
     losses = []
     for idx in fit_batches(len(x), artifacts.suffix.batch_size, STEPS, SEED):
@@ -98,14 +106,14 @@ def torch_run(ref, config, artifacts, x, y):
 def test_native_matches_the_python_trainer_and_torch(ref, config, tolerance, exported, native_trainer, tmp_path):
     artifacts = exported("executorch", ref, config)
     data, x, y = local_data(artifacts, tmp_path / "data", 3 * artifacts.suffix.batch_size + 5)
-    report = native(native_trainer, "--artifacts", artifacts.folder, "--data", data, "--steps", STEPS, "--lr", LR,
-                    "--seed", SEED, "--losses", "--out", tmp_path / "upload.npy")
+    report = native(native_trainer, "--artifacts", artifacts.folder, "--data", data, "--steps", STEPS,
+                    "--lr", rate(config), "--seed", SEED, "--losses", "--out", tmp_path / "upload.npy")
     assert report["trainer"] == "native" and report["torch_loaded"] is False and report["steps"] == STEPS
     upload = np.load(tmp_path / "upload.npy")
 
     python = trainer_class("executorch")(artifacts)
     initial = python.upload_buffer().copy()
-    python_losses = python.fit(x, y, LR, STEPS, SEED)
+    python_losses = python.fit(x, y, rate(config), STEPS, SEED)
     torch_losses, torch_upload = torch_run(ref, config, artifacts, x, y)
 
     assert upload.shape == python.upload_buffer().shape == torch_upload.shape
