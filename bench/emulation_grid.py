@@ -54,4 +54,8 @@ def run_method(method: str | Strategy, fleet: Fleet, ref: ModelRef, train, test,
            "seconds_per_round": sum(r.wall_s for r in records) / len(records), "costs": costs}
     if any(r.decisions.get("step_label") for r in records):     # an online schedule (ProFL): which step each round trained
         row["steps"] = [[r.round, r.decisions["step_label"]] for r in records if r.decisions.get("step_label")]
+        # what its freezing rule saw: the step's effective movement and its slope, after each round (None before
+        # its window fills), and the rounds it switched after
+        row["movement"] = [[r.round, r.decisions.get("effective_movement"), r.decisions.get("slope"),
+                            r.decisions.get("switched_to")] for r in records if r.decisions.get("step_label")]
     return row

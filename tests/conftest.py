@@ -54,6 +54,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.hookimpl(tryfirst=True)       # before xdist's own, which names each test's group in its node id
 def pytest_collection_modifyitems(config, items):
     """--dist loadgroup spreads a module's tests over both workers, and a module-scoped fixture then runs
     once per worker (the README demo's fleet, a Ray cluster: 15-50 s each). The tests of a module that
