@@ -149,7 +149,7 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # family's own with hidden_bytes, the weight copies at most 1 each as ORT's. On 35 peaks of exported sets:
     # measured/predicted 0.90-0.98 (cnn 0.90-0.96, resnet 0.91-0.98, transformer 0.92-0.98, vgg11bn 0.92-0.98, vit
     # 0.91-0.98); held out: cnn 0.69-0.87, resnet 0.74-0.95, transformer 0.77-0.96, vgg11bn 0.80-0.93, vit
-    # 0.71-0.88. A peak is in training on 26 of the 28 sets whose report has each phase's peak: the loaded
+    # 0.71-0.88. A peak is in training on 33 of the 35 sets (each report has each phase's peak): the loaded
     # process + 4-5 MiB of kernel code + the optimizer's state. On two head-only sets (the CNN's and VGG-11's, 6.3
     # and 35 MiB frozen) it is at load, where XNNPACK packs the prefix's weights while the program's copy is alive
     # (bench/artifact_memory.py: executorch_phases). Most of a peak is the suffix program's
@@ -159,14 +159,14 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # 1: the native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer
     # python, imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
     "executorch": RuntimeConstants(
-        5_128_192, 9_747_152, 1.57,
+        5_148_672, 9_726_672, 1.57,
         "measured native trainer RSS; workspace an upper bound per family on measured native peaks",
         prefix_batch=1, trained_weight_copies=1.0, frozen_weight_copies=0.9,
-        families=(("cnn", 8_310_645, 1.09, 0.0, 0.0, 0, 2_815_496),
-                  ("resnet", 6_268_867, 1.12, 1.0, 1.0, 0, 6_687_318),
-                  ("transformer", 4_770_893, 1.51, 0.0, 0.0, 0, 14_071_455),
-                  ("vgg11bn", 8_787_682, 1.34, 0.5, 0.8, 0, 959_470),
-                  ("vit", 0, 1.42, 0.9, 0.9, 0, 1_646_579),)),
+        families=(("cnn", 8_290_165, 1.09, 0.0, 0.0, 0, 2_815_496),
+                  ("resnet", 6_248_387, 1.12, 1.0, 1.0, 0, 6_687_318),
+                  ("transformer", 4_803_661, 1.51, 0.0, 0.0, 0, 14_009_851),
+                  ("vgg11bn", 8_767_202, 1.34, 0.5, 0.8, 0, 959_470),
+                  ("vit", 0, 1.42, 0.9, 0.9, 0, 1_626_099),)),
 }
 
 
