@@ -17,7 +17,9 @@ stops after that many measurements without a new best. The test text is never us
 loss is not chosen on. `dropout` (CAFF pretrains with 0.05 and fine-tunes with none) drops the embedding's
 output and each block's attention and MLP outputs before they join the residual stream, as GPT-2 does. It is
 applied by forward hooks while pretraining only: the saved state dict, the model edgefl builds and exports,
-and every fine-tuning run have no dropout.
+and every fine-tuning run have no dropout. `edgefl pretrain --from SET` continues a set's models on the same
+corpus with new settings (a second schedule: warm-up and decay again), so a schedule too long for one sitting
+can be run in parts; each config lists the earlier parts as `stages`, and `total_steps` counts the steps behind the weights kept.
 
 Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
 the model as a ModelRef, the vocabulary, the corpus, its works and plays, the settings, and the measured
@@ -112,9 +114,13 @@ def held_out_loss(model, tokens: np.ndarray, context: int, device: torch.device,
 
 
 def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
-             on_step: Optional[Callable[[int, float], None]] = None) -> tuple[ModelRef, dict, dict]:
+             on_step: Optional[Callable[[int, float], None]] = None,
+             start: Optional[tuple[dict, int]] = None) -> tuple[ModelRef, dict, dict]:
     """Train one depth: (its ModelRef, its state dict, a summary of what was measured). `settings.device`
-    must be usable (the CLI checks it first)."""
+    must be usable (the CLI checks it first). `start` (weights, steps they were trained): continue from them
+    (`continuation`); the batches and dropout masks are seeded with those steps too, so a continuation with
+    the first run's settings draws other windows than it did, and its starting point is the first validation
+    candidate, so the model kept is never one the validation text judges worse than the one it started from."""
     device = torch.device(settings.device)
     cut = int(len(corpus.tokens) * (1 - settings.holdout))
     train, held = corpus.tokens[:cut], corpus.tokens[cut:]
@@ -123,14 +129,17 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
         raise ConfigError(f"--context {settings.context}: the corpus ({len(corpus.tokens)} tokens) is too short for "
                           "windows this long in its training, validation and test parts; use a shorter context")
     ref = model_ref(layers, len(corpus.vocab), settings)
-    torch.manual_seed(settings.seed)
+    state, done = start if start is not None else (None, 0)
+    torch.manual_seed(settings.seed + done)
     model = build(ref).to(device).train()
+    if state is not None:
+        model.load_state_dict(state)
     hooks = with_dropout(model, settings.dropout)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
-    rng = np.random.default_rng(settings.seed)
+    rng = np.random.default_rng([settings.seed, done] if done else settings.seed)
     losses, curve, best, t0 = [], [], None, time.perf_counter()
 
     def measure(step: int) -> bool:
@@ -142,6 +151,8 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
             best = (step, loss, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
         return not settings.patience or (step - best[0]) < settings.patience * settings.eval_every
 
+    if state is not None and settings.eval_every:
+        measure(0)
     for step in range(settings.steps):
         for group in opt.param_groups:
             group["lr"] = settings.lr_at(step)
@@ -199,17 +210,17 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def available(root: Path) -> dict[int, dict]:
-    """The pretrained set in `root`: depth -> its config.json."""
+def available(root: Path, option: str = "--pretrained") -> dict[int, dict]:
+    """The pretrained set in `root` (named `option` on the command line): depth -> its config.json."""
     root = Path(root)
     if not root.is_dir():
-        raise ConfigError(f"--pretrained {root}: no such folder; write one with 'edgefl pretrain -o {root}'")
+        raise ConfigError(f"{option} {root}: no such folder; write one with 'edgefl pretrain -o {root}'")
     found = {}
     for folder in sorted(root.glob("layers-*")):
         config = read_config(folder)
         found[ModelRef.from_json(config["model"]).args["layers"]] = config
     if not found:
-        raise ConfigError(f"--pretrained {root}: no layers-<l>/ folders; write them with 'edgefl pretrain -o {root}'")
+        raise ConfigError(f"{option} {root}: no layers-<l>/ folders; write them with 'edgefl pretrain -o {root}'")
     return found
 
 
@@ -228,15 +239,15 @@ def fine_tuning_data_options(root: Path, dataset: str) -> dict:
     return {"holdout": pretrained_plays(root)} if dataset == "shakespeare" else {}
 
 
-def load_pretrained(root: Path, ref: ModelRef) -> dict:
+def load_pretrained(root: Path, ref: ModelRef, option: str = "--pretrained") -> dict:
     """The pretrained weights of `ref` (a transformer of the set in `root`), checked against its shapes."""
     depth = ref.args.get("layers")
-    config = available(root).get(depth)
+    config = available(root, option).get(depth)
     if config is None:
-        raise ConfigError(f"--pretrained {root}: no {depth}-layer model; add it with "
+        raise ConfigError(f"{option} {root}: no {depth}-layer model; add it with "
                           f"'edgefl pretrain --layers {depth} -o {root}'")
     if ModelRef.from_json(config["model"]) != ref:
-        raise ConfigError(f"--pretrained {root}: layers-{depth} holds {ModelRef.from_json(config['model']).label()}, "
+        raise ConfigError(f"{option} {root}: layers-{depth} holds {ModelRef.from_json(config['model']).label()}, "
                           f"not {ref.label()}")
     path = folder_for(root, depth) / "weights.pt"
     try:
@@ -248,3 +259,20 @@ def load_pretrained(root: Path, ref: ModelRef) -> dict:
             tuple(state[k].shape) != tuple(t.shape) for k, t in expected.items()):
         raise ConfigError(f"{path}: the tensors do not match {ref.label()}; rewrite it with 'edgefl pretrain'")
     return state
+
+
+STAGE_FIELDS = ("settings", "steps", "best_step", "validation_loss", "held_out_loss", "train_loss", "seconds")
+
+
+def continuation(root: Path, ref: ModelRef, corpus: Corpus) -> tuple[dict, int, list[dict]]:
+    """What continuing `ref` of the set in `root` on `corpus` starts from: (its weights, the steps that trained
+    them (each stage's kept checkpoint counts its steps up to that checkpoint), the stages that did, oldest first: each one's settings, steps and measured losses). The corpus must
+    be the one they were trained on: the held-out text is the corpus's tail, so on other text the test text
+    could have been trained on."""
+    config = available(root, "--from").get(ref.args["layers"])
+    state = load_pretrained(root, ref, "--from")
+    if config["vocab"] != list(corpus.vocab) or config.get("works") != list(corpus.works):
+        raise ConfigError(f"--from {root}: layers-{ref.args['layers']} was pretrained on other text "
+                          f"({len(config.get('works', []))} works); continue it with the --plays it was pretrained on")
+    stages = config.get("stages", []) + [{k: config[k] for k in STAGE_FIELDS if k in config}]
+    return state, sum(stage.get("best_step", stage["steps"]) for stage in stages), stages

