@@ -4,6 +4,7 @@ TOA downloads, measured memory with out-of-memory failures, and per-group accura
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -373,19 +374,21 @@ def test_pretraining_continues_a_set_from_its_weights_and_records_the_stages(tmp
                                                            "held_out_loss", "train_loss", "seconds")}]
         assert after["total_steps"] == before["best_step"] + after["best_step"]
         assert after["validation_loss"] <= before["validation_loss"]
-    third = tmp_path / "third"
-    r = pretrain_cli(third, "--from", str(second), "--layers", "2")
-    assert r.returncode == 0, r.stderr
-    stages = json.loads((third / "layers-2" / "config.json").read_text())["stages"]
-    assert [s["steps"] for s in stages] == [10, 10]
+    from edgefl.data import pretrain_corpus
+    from edgefl.errors import ConfigError
+    from edgefl.pretrain import PretrainSettings, continuation, model_ref
 
-    for extra, message in ((("--from", str(first), "--plays", "hamlet"), "was pretrained on other text"),
-                           (("--from", str(first), "--layers", "3"), "no 3-layer model"),
-                           (("--from", str(first), "--embed", "32"), "layers-1 holds transformer(")):
-        bad = tmp_path / "bad"
-        r = pretrain_cli(bad, *extra)                   # a repeated option's last value is the one taken
-        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
-        assert not bad.exists()
+    corpus, sizes = pretrain_corpus(), PretrainSettings(embed=16, heads=2)
+    _, steps, stages = continuation(second, model_ref(2, 82, sizes), corpus)          # a third part's start
+    assert [s["steps"] for s in stages] == [10, 10] and steps == after["total_steps"]
+    for layers, settings, message in ((3, sizes, "no 3-layer model"),
+                                      (1, PretrainSettings(embed=32, heads=2), "layers-1 holds transformer(")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            continuation(first, model_ref(layers, 82, settings), corpus)
+    bad = tmp_path / "bad"
+    r = pretrain_cli(bad, "--from", str(first), "--plays", "hamlet")
+    assert r.returncode == 2 and "layers-1 was pretrained on other text" in r.stderr and "Traceback" not in r.stderr
+    assert not bad.exists()
     r = pretrain_cli(first, "--from", str(first))
     assert r.returncode == 2 and "the same folder as -o" in r.stderr
 
