@@ -1,5 +1,5 @@
 """Summarise a pretrained set that `edgefl pretrain -o DIR` wrote: per depth its losses, steps and validation
-curve, its settings, and whether the held-out and validation losses fall strictly with depth (CAFF's premise:
+curve (and, for a set continued with `--from`, the earlier stages), its settings, and whether the held-out and validation losses fall strictly with depth (CAFF's premise:
 a deeper pretrained model is a better one).
 
 Run:  python bench/pretrained_set.py DIR -o bench/results/reproduce_caff_pretrained_dropout.json \\
@@ -20,7 +20,7 @@ from edgefl.errors import EdgeflError  # noqa: E402
 from edgefl.pretrain import available, pretrained_plays  # noqa: E402
 
 PER_DEPTH = ("held_out_loss", "validation_loss", "best_step", "train_loss", "first_loss", "steps", "params",
-             "seconds", "validation_curve")
+             "seconds", "validation_curve", "total_steps", "stages")
 
 
 def strictly_decreasing(values: list) -> bool:
@@ -34,7 +34,7 @@ def summary(folder: Path) -> dict:
     if len(settings) != 1:
         raise SystemExit(f"{folder}: its depths were pretrained with different settings; summarise one set at a time")
     first = next(iter(configs.values()))
-    depths = {str(d): {k: c.get(k) for k in PER_DEPTH} for d, c in sorted(configs.items())}
+    depths = {str(d): {k: c[k] for k in PER_DEPTH if k in c} for d, c in sorted(configs.items())}
     tokens = len(pretrain_corpus(holdout=pretrained_plays(folder)).tokens)
     return {"settings": first["settings"], "corpus": first["corpus"], "corpus_tokens": tokens, "works": first["works"],
             "split": f"the corpus's last {first['settings']['holdout']:.0%}: its first half is the validation text "

@@ -131,7 +131,8 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-PRETRAINED_SETS = ("caff_pretrained", "caff_pretrained_dropout", "caff_pretrained_more_text")
+PRETRAINED_SETS = ("caff_pretrained", "caff_pretrained_dropout", "caff_pretrained_more_text", "caff_pretrained_5000",
+                   "caff_pretrained_continued")
 
 
 def render_pretrained_sets() -> str:
@@ -150,7 +151,10 @@ def render_pretrained_sets() -> str:
 
         def each(key, fmt="{:.3f}"):
             return " / ".join(fmt.format(r["depths"][str(d)][key]) if str(d) in r["depths"] else "-" for d in depths)
-        lines.append(f"| `{name}.json` | {corpus} | {r['settings'].get('dropout', 0.0):g} | {r['settings']['steps']} | "
+        # a continued set's earlier stages first: "5000 + 5000" is a second schedule from the first's weights
+        stages = next(iter(r["depths"].values())).get("stages", [])
+        steps = " + ".join(str(s["settings"]["steps"]) for s in [*stages, {"settings": r["settings"]}])
+        lines.append(f"| `{name}.json` | {corpus} | {r['settings'].get('dropout', 0.0):g} | {steps} | "
                      f"{each('held_out_loss')} | {each('validation_loss')} | {each('best_step', '{}')} | "
                      f"{verdict(r['held_out_loss_strictly_decreasing_with_depth'])} |")
     return "\n".join(lines) + "\n"
