@@ -18,8 +18,13 @@ loss is not chosen on. `dropout` (CAFF pretrains with 0.05 and fine-tunes with n
 output and each block's attention and MLP outputs before they join the residual stream, as GPT-2 does. It is
 applied by forward hooks while pretraining only: the saved state dict, the model edgefl builds and exports,
 and every fine-tuning run have no dropout. `edgefl pretrain --from SET` continues a set's models on the same
-corpus with new settings (a second schedule: warm-up and decay again), so a schedule too long for one sitting
-can be run in parts; each config lists the earlier parts as `stages`, and `total_steps` counts the steps behind the weights kept.
+corpus with new settings (a second schedule: warm-up and decay again); each config lists the earlier parts as
+`stages`, and `total_steps` counts the steps behind the weights kept.
+
+A depth in training keeps its whole state (weights, AdamW's moments, the random generators, the validation
+curve and best checkpoint) in DIR/layers-<l>/checkpoint.pt every `eval_every` steps (100 without them), so a
+stopped run continues with `--resume` where its last checkpoint was and ends as the uninterrupted run would
+have: one schedule, however many sittings.
 
 Layout: DIR/layers-<l>/weights.pt (the transformer's state dict) and DIR/layers-<l>/config.json (schema,
 the model as a ModelRef, the vocabulary, the corpus, its works and plays, the settings, and the measured
@@ -115,12 +120,15 @@ def held_out_loss(model, tokens: np.ndarray, context: int, device: torch.device,
 
 def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
              on_step: Optional[Callable[[int, float], None]] = None,
-             start: Optional[tuple[dict, int]] = None) -> tuple[ModelRef, dict, dict]:
+             start: Optional[tuple[dict, int]] = None,
+             checkpoint: Optional[Path] = None) -> tuple[ModelRef, dict, dict]:
     """Train one depth: (its ModelRef, its state dict, a summary of what was measured). `settings.device`
     must be usable (the CLI checks it first). `start` (weights, steps they were trained): continue from them
     (`continuation`); the batches and dropout masks are seeded with those steps too, so a continuation with
     the first run's settings draws other windows than it did, and its starting point is the first validation
-    candidate, so the model kept is never one the validation text judges worse than the one it started from."""
+    candidate, so the model kept is never one the validation text judges worse than the one it started from.
+    `checkpoint`: a file the whole training state is written to every `eval_every` steps (100 without them);
+    if it exists, training resumes from it and ends as the uninterrupted run would have."""
     device = torch.device(settings.device)
     cut = int(len(corpus.tokens) * (1 - settings.holdout))
     train, held = corpus.tokens[:cut], corpus.tokens[cut:]
@@ -141,6 +149,30 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
                              {"params": rest, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95))
     rng = np.random.default_rng([settings.seed, done] if done else settings.seed)
     losses, curve, best, t0 = [], [], None, time.perf_counter()
+    first, earlier_seconds = 0, 0.0
+    if checkpoint is not None and Path(checkpoint).exists():
+        saved = _read_checkpoint(Path(checkpoint), settings, done)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        rng.bit_generator.state = saved["numpy_rng"]
+        torch.set_rng_state(saved["torch_rng"])
+        if device.type == "cuda" and saved["cuda_rng"] is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"], device)
+        first, losses, curve, earlier_seconds = saved["step"], saved["losses"], saved["curve"], saved["seconds"]
+        best = tuple(saved["best"]) if saved["best"] is not None else None
+
+    def save(step: int) -> None:
+        """The state after `step` steps, written whole or not at all (a kill mid-write keeps the last one)."""
+        state = {"settings": asdict(settings), "start_steps": done, "step": step, "model": model.state_dict(),
+                 "optimizer": opt.state_dict(), "numpy_rng": rng.bit_generator.state,
+                 "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                 "losses": losses, "curve": curve, "best": list(best) if best is not None else None,
+                 "seconds": earlier_seconds + time.perf_counter() - t0}
+        Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(checkpoint).with_suffix(".partial")
+        torch.save(state, partial)
+        partial.replace(checkpoint)
 
     def measure(step: int) -> bool:
         """Validation loss at `step`; keeps the checkpoint if it is the best yet. False: stop (patience)."""
@@ -151,9 +183,9 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
             best = (step, loss, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
         return not settings.patience or (step - best[0]) < settings.patience * settings.eval_every
 
-    if state is not None and settings.eval_every:
+    if state is not None and settings.eval_every and not first:
         measure(0)
-    for step in range(settings.steps):
+    for step in range(first, settings.steps):
         for group in opt.param_groups:
             group["lr"] = settings.lr_at(step)
         x, y = _windows(train, rng.integers(0, len(train) - settings.context - 1, settings.batch_size), settings.context)
@@ -166,9 +198,11 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
             on_step(step + 1, losses[-1])
         if settings.eval_every and (step + 1) % settings.eval_every == 0 and not measure(step + 1):
             break
+        if checkpoint is not None and (step + 1) % (settings.eval_every or 100) == 0:
+            save(step + 1)
     if settings.eval_every and (not curve or curve[-1][0] != len(losses)):
         measure(len(losses))
-    seconds = time.perf_counter() - t0
+    seconds = earlier_seconds + time.perf_counter() - t0
     for hook in hooks:
         hook.remove()
     if best is not None:
@@ -181,6 +215,27 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
     if best is not None:
         summary.update(best_step=best[0], validation_loss=best[1], validation_curve=curve)
     return ref, {k: v.detach().to("cpu") for k, v in model.state_dict().items()}, summary
+
+
+def _read_checkpoint(path: Path, settings: PretrainSettings, start_steps: int) -> dict:
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({str(exc).splitlines()[0]}); remove it to start that depth "
+                          "again") from None
+    # the device may change between parts (a run started on a laptop, finished on a GPU); nothing else may
+    ours = {k: v for k, v in asdict(settings).items() if k != "device"}
+    theirs = {k: v for k, v in saved.get("settings", {}).items() if k != "device"}
+    if theirs != ours or saved.get("start_steps") != start_steps:
+        changed = sorted(k for k, v in ours.items() if theirs.get(k) != v)
+        raise ConfigError(f"{path}: written by a run with other settings ({', '.join(changed) or '--from'}); "
+                          "resume with the settings it was started with, or remove it to start that depth again")
+    return saved
+
+
+def checkpoint_for(root: Path, layers: int) -> Path:
+    """Where an unfinished depth keeps its training state (removed once the depth is written)."""
+    return folder_for(root, layers) / "checkpoint.pt"
 
 
 def folder_for(root: Path, layers: int) -> Path:
@@ -199,6 +254,9 @@ def write(root: Path, ref: ModelRef, state: dict, corpus: Corpus, settings: Pret
 
 def read_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
+    if not path.exists() and (Path(folder) / "checkpoint.pt").exists():
+        raise ConfigError(f"{folder}: unfinished (a stopped 'edgefl pretrain' left checkpoint.pt); finish it with "
+                          f"'edgefl pretrain --resume -o {Path(folder).parent}' and the options it was started with")
     try:
         config = json.loads(path.read_text())
     except OSError as exc:

