@@ -27,7 +27,30 @@ def strictly_decreasing(values: list) -> bool:
     return None not in values and all(a > b for a, b in zip(values, values[1:]))
 
 
-def summary(folder: Path) -> dict:
+def every_test_window(folder: Path, configs: dict) -> dict:
+    """Each depth's loss over every window of the test text, not only the `eval_windows` first ones that
+    `held_out_loss` measures: how much of a difference between depths is the passages measured."""
+    import torch
+
+    from edgefl.pretrain import held_out_loss, load_pretrained
+    from edgefl.zoo import ModelRef, build
+
+    corpus = pretrain_corpus(holdout=pretrained_plays(folder))
+    result = {}
+    for depth, config in sorted(configs.items()):
+        settings = config["settings"]
+        held = corpus.tokens[int(len(corpus.tokens) * (1 - settings["holdout"])):]
+        test = held[len(held) // 2:]
+        ref = ModelRef.from_json(config["model"])
+        model = build(ref)
+        model.load_state_dict(load_pretrained(folder, ref))
+        windows = len(range(0, len(test) - settings["context"] - 1, settings["context"]))   # as held_out_loss cuts them
+        result[str(depth)] = {"windows": windows, "held_out_loss": held_out_loss(
+            model, test, settings["context"], torch.device("cpu"), windows)}
+    return result
+
+
+def summary(folder: Path, all_windows: bool = False) -> dict:
     """The set in `folder` as one JSON object; every depth must share the settings but `layers`."""
     configs = available(folder)
     settings = {json.dumps(c["settings"], sort_keys=True) for c in configs.values()}
@@ -43,7 +66,8 @@ def summary(folder: Path) -> dict:
             "held_out_loss_strictly_decreasing_with_depth":
                 strictly_decreasing([v["held_out_loss"] for v in depths.values()]),
             "validation_loss_strictly_decreasing_with_depth":
-                strictly_decreasing([v["validation_loss"] for v in depths.values()])}
+                strictly_decreasing([v["validation_loss"] for v in depths.values()]),
+            **({"every_test_window": every_test_window(folder, configs)} if all_windows else {})}
 
 
 def main(argv=None) -> int:
@@ -52,9 +76,11 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--command", default="", help="the command that wrote the set, recorded as given")
     p.add_argument("--note", default="", help="what the run's wall times mean (other jobs on the machine, ...)")
+    p.add_argument("--all-windows", action="store_true",
+                   help="also measure each depth on every window of the test text (every_test_window)")
     args = p.parse_args(argv)
     try:
-        result = summary(args.folder)
+        result = summary(args.folder, args.all_windows)
     except EdgeflError as exc:
         raise SystemExit(str(exc)) from None
     result = {"command": args.command, **({"seconds_note": args.note} if args.note else {}), **result}
