@@ -163,15 +163,15 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
 
     def save(step: int) -> None:
         """The state after `step` steps, written whole or not at all (a kill mid-write keeps the last one)."""
-        state = {"settings": asdict(settings), "start_steps": done, "step": step, "model": model.state_dict(),
-                 "optimizer": opt.state_dict(), "numpy_rng": rng.bit_generator.state,
-                 "torch_rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                 "losses": losses, "curve": curve, "best": list(best) if best is not None else None,
-                 "seconds": earlier_seconds + time.perf_counter() - t0}
+        snapshot = {"settings": asdict(settings), "start_steps": done, "step": step, "model": model.state_dict(),
+                    "optimizer": opt.state_dict(), "numpy_rng": rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                    "losses": losses, "curve": curve, "best": list(best) if best is not None else None,
+                    "seconds": earlier_seconds + time.perf_counter() - t0}
         Path(checkpoint).parent.mkdir(parents=True, exist_ok=True)
         partial = Path(checkpoint).with_suffix(".partial")
-        torch.save(state, partial)
+        torch.save(snapshot, partial)
         partial.replace(checkpoint)
 
     def measure(step: int) -> bool:
@@ -323,12 +323,12 @@ STAGE_FIELDS = ("settings", "steps", "best_step", "validation_loss", "held_out_l
 
 
 def continuation(root: Path, ref: ModelRef, corpus: Corpus) -> tuple[dict, int, list[dict]]:
-    """What continuing `ref` of the set in `root` on `corpus` starts from: (its weights, the steps that trained
-    them (each stage's kept checkpoint counts its steps up to that checkpoint), the stages that did, oldest first: each one's settings, steps and measured losses). The corpus must
-    be the one they were trained on: the held-out text is the corpus's tail, so on other text the test text
-    could have been trained on."""
-    config = available(root, "--from").get(ref.args["layers"])
+    """What continuing `ref` of the set in `root` on `corpus` starts from: (its weights; the steps behind them,
+    each stage counting its steps up to the checkpoint it kept; the stages, oldest first, each with its
+    settings, steps and measured losses). The corpus must be the one they were trained on: the held-out
+    text is the corpus's tail, so on other text the test text could have been trained on."""
     state = load_pretrained(root, ref, "--from")
+    config = read_config(folder_for(root, ref.args["layers"]))
     if config["vocab"] != list(corpus.vocab) or config.get("works") != list(corpus.works):
         raise ConfigError(f"--from {root}: layers-{ref.args['layers']} was pretrained on other text "
                           f"({len(config.get('works', []))} works); continue it with the --plays it was pretrained on")
