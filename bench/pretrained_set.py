@@ -1,6 +1,6 @@
 """Summarise a pretrained set that `edgefl pretrain -o DIR` wrote: per depth its losses, steps and validation
-curve (and, for a set continued with `--from`, the earlier stages), its settings, and whether the held-out and validation losses fall strictly with depth (CAFF's premise:
-a deeper pretrained model is a better one).
+curve (and, for a set continued with `--from`, the earlier stages), its settings, and whether the held-out
+and validation losses fall strictly with depth (CAFF's premise: a deeper pretrained model is a better one).
 
 Run:  python bench/pretrained_set.py DIR -o bench/results/reproduce_caff_pretrained_dropout.json \\
           --command "edgefl pretrain -o DIR ..."
@@ -27,20 +27,18 @@ def strictly_decreasing(values: list) -> bool:
     return None not in values and all(a > b for a, b in zip(values, values[1:]))
 
 
-def every_test_window(folder: Path, configs: dict) -> dict:
+def every_test_window(folder: Path, configs: dict, tokens) -> dict:
     """Each depth's loss over every window of the test text, not only the `eval_windows` first ones that
     `held_out_loss` measures: how much of a difference between depths is the passages measured."""
     import torch
 
-    from edgefl.pretrain import held_out_loss, load_pretrained
+    from edgefl.pretrain import held_out_loss, load_pretrained, split
     from edgefl.zoo import ModelRef, build
 
-    corpus = pretrain_corpus(holdout=pretrained_plays(folder))
     result = {}
     for depth, config in sorted(configs.items()):
         settings = config["settings"]
-        held = corpus.tokens[int(len(corpus.tokens) * (1 - settings["holdout"])):]
-        test = held[len(held) // 2:]
+        test = split(tokens, settings["holdout"])[2]
         ref = ModelRef.from_json(config["model"])
         model = build(ref)
         model.load_state_dict(load_pretrained(folder, ref))
@@ -58,8 +56,9 @@ def summary(folder: Path, all_windows: bool = False) -> dict:
         raise SystemExit(f"{folder}: its depths were pretrained with different settings; summarise one set at a time")
     first = next(iter(configs.values()))
     depths = {str(d): {k: c[k] for k in PER_DEPTH if k in c} for d, c in sorted(configs.items())}
-    tokens = len(pretrain_corpus(holdout=pretrained_plays(folder)).tokens)
-    return {"settings": first["settings"], "corpus": first["corpus"], "corpus_tokens": tokens, "works": first["works"],
+    tokens = pretrain_corpus(holdout=pretrained_plays(folder)).tokens
+    return {"settings": first["settings"], "corpus": first["corpus"], "corpus_tokens": len(tokens),
+            "works": first["works"],
             "split": f"the corpus's last {first['settings']['holdout']:.0%}: its first half is the validation text "
                      "(chooses the checkpoint), its second half the test text (held_out_loss; never used to choose)",
             "depths": depths,
@@ -67,7 +66,7 @@ def summary(folder: Path, all_windows: bool = False) -> dict:
                 strictly_decreasing([v["held_out_loss"] for v in depths.values()]),
             "validation_loss_strictly_decreasing_with_depth":
                 strictly_decreasing([v["validation_loss"] for v in depths.values()]),
-            **({"every_test_window": every_test_window(folder, configs)} if all_windows else {})}
+            **({"every_test_window": every_test_window(folder, configs, tokens)} if all_windows else {})}
 
 
 def main(argv=None) -> int:

@@ -118,6 +118,13 @@ def held_out_loss(model, tokens: np.ndarray, context: int, device: torch.device,
     return total / max(count, 1)
 
 
+def split(tokens: np.ndarray, holdout: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The corpus's training text, then its last `holdout` share's halves: validation text, test text."""
+    cut = int(len(tokens) * (1 - holdout))
+    held = tokens[cut:]
+    return tokens[:cut], held[: len(held) // 2], held[len(held) // 2:]
+
+
 def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
              on_step: Optional[Callable[[int, float], None]] = None,
              start: Optional[tuple[dict, int]] = None,
@@ -130,9 +137,7 @@ def pretrain(corpus: Corpus, layers: int, settings: PretrainSettings,
     `checkpoint`: a file the whole training state is written to every `eval_every` steps (100 without them);
     if it exists, training resumes from it and ends as the uninterrupted run would have."""
     device = torch.device(settings.device)
-    cut = int(len(corpus.tokens) * (1 - settings.holdout))
-    train, held = corpus.tokens[:cut], corpus.tokens[cut:]
-    validation, test = held[: len(held) // 2], held[len(held) // 2:]
+    train, validation, test = split(corpus.tokens, settings.holdout)
     if len(train) <= settings.context + 1 or len(validation) <= settings.context + 1 or len(test) <= settings.context + 1:
         raise ConfigError(f"--context {settings.context}: the corpus ({len(corpus.tokens)} tokens) is too short for "
                           "windows this long in its training, validation and test parts; use a shorter context")
