@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -27,24 +29,42 @@ def strictly_decreasing(values: list) -> bool:
     return None not in values and all(a > b for a, b in zip(values, values[1:]))
 
 
+BLOCK = 20   # consecutive test windows per block: neighbouring passages share a scene, so single windows are not independent
+
+
+def paired_difference(deeper: np.ndarray, shallower: np.ndarray) -> dict:
+    """How far a deeper model's loss is below a shallower one's on the same windows, with the standard error
+    of that mean taken over blocks of BLOCK consecutive windows (a gap under two standard errors is not resolved
+    by this test text)."""
+    gain = shallower - deeper
+    blocks = gain[: len(gain) // BLOCK * BLOCK].reshape(-1, BLOCK).mean(axis=1)
+    error = float(blocks.std(ddof=1) / np.sqrt(len(blocks)))
+    mean = float(gain.mean())
+    return {"loss_gain": mean, "standard_error": error, "windows_deeper_better": float((gain > 0).mean()),
+            "resolved": abs(mean) > 2 * error}
+
+
 def every_test_window(folder: Path, configs: dict, tokens) -> dict:
     """Each depth's loss over every window of the test text, not only the `eval_windows` first ones that
-    `held_out_loss` measures: how much of a difference between depths is the passages measured."""
+    `held_out_loss` measures, and each step in depth as a paired difference on those windows: how much of a
+    difference between depths is the passages measured."""
     import torch
 
-    from edgefl.pretrain import held_out_loss, load_pretrained, split
+    from edgefl.pretrain import load_pretrained, split, window_losses
     from edgefl.zoo import ModelRef, build
 
-    result = {}
+    losses, result = {}, {}
     for depth, config in sorted(configs.items()):
         settings = config["settings"]
         test = split(tokens, settings["holdout"])[2]
         ref = ModelRef.from_json(config["model"])
         model = build(ref)
         model.load_state_dict(load_pretrained(folder, ref))
-        windows = len(range(0, len(test) - settings["context"] - 1, settings["context"]))   # as held_out_loss cuts them
-        result[str(depth)] = {"windows": windows, "held_out_loss": held_out_loss(
-            model, test, settings["context"], torch.device("cpu"), windows)}
+        windows = len(range(0, len(test) - settings["context"] - 1, settings["context"]))   # as window_losses cuts them
+        losses[depth] = window_losses(model, test, settings["context"], torch.device("cpu"), windows)
+        result[str(depth)] = {"windows": windows, "held_out_loss": float(losses[depth].mean())}
+    depths = sorted(losses)
+    result["steps_in_depth"] = {f"{a}->{b}": paired_difference(losses[b], losses[a]) for a, b in zip(depths, depths[1:])}
     return result
 
 

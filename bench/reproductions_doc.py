@@ -157,7 +157,31 @@ def render_pretrained_sets() -> str:
         lines.append(f"| `{name}.json` | {corpus} | {r['settings'].get('dropout', 0.0):g} | {steps} | "
                      f"{each('held_out_loss')} | {each('validation_loss')} | {each('best_step', '{}')} | "
                      f"{verdict(r['held_out_loss_strictly_decreasing_with_depth'])} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + render_steps_in_depth(sets)) + "\n"
+
+
+def render_steps_in_depth(sets: list[tuple[str, dict]]) -> list[str]:
+    """For the sets measured on every test window: each step in depth as the deeper model's loss gain on the same
+    windows, with its standard error, and whether the test text resolves it (gain beyond two errors)."""
+    measured = [(n, r["every_test_window"], r["settings"]["context"]) for n, r in sets
+                if "steps_in_depth" in r.get("every_test_window", {})]
+    if not measured:
+        return []
+    _, every, context = measured[0]
+    windows = next(v["windows"] for k, v in every.items() if k != "steps_in_depth")
+    steps = list(every["steps_in_depth"])
+    lines = ["", f"Every window of the test text ({windows:,} windows of {context} characters), each step in depth as "
+             "the loss the deeper model gains on the same windows (negative: it loses), +- one standard error over "
+             "blocks of consecutive windows; *resolved* when the gain is beyond two errors "
+             "(`bench/pretrained_set.py --all-windows`):", "",
+             "| set | loss on every test window | " + " | ".join(f"{s.replace('->', ' -> ')} layers" for s in steps) + " |",
+             "|---|---|" + "---|" * len(steps)]
+    for name, every, _ in measured:
+        losses = " / ".join(f"{v['held_out_loss']:.3f}" for k, v in every.items() if k != "steps_in_depth")
+        cells = [f"{g['loss_gain']:+.4f} +- {g['standard_error']:.4f}, {g['windows_deeper_better']:.0%} of windows"
+                 f"{', resolved' if g['resolved'] else ''}" for g in every["steps_in_depth"].values()]
+        lines.append(f"| `{name}.json` | {losses} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_caff_seeds(names: tuple[str, ...] = ("caff", "caff_seed1")) -> str:

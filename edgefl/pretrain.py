@@ -104,18 +104,25 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, context: int) -> tuple[torc
 
 
 @torch.no_grad()
-def held_out_loss(model, tokens: np.ndarray, context: int, device: torch.device, windows: int,
-                  batch: int = 64) -> float:
-    """Mean next-token loss over the first `windows` non-overlapping windows of `tokens`."""
+def window_losses(model, tokens: np.ndarray, context: int, device: torch.device, windows: int,
+                  batch: int = 64) -> np.ndarray:
+    """Mean next-token loss of each of the first `windows` non-overlapping windows of `tokens`."""
     starts = np.arange(0, len(tokens) - context - 1, context)[:windows]
     model.eval()
-    total, count = 0.0, 0
+    losses = []
     for i in range(0, len(starts), batch):
         x, y = _windows(tokens, starts[i: i + batch], context)
-        total += float(F.cross_entropy(model(x.to(device)), y.to(device), reduction="sum"))
-        count += y.numel()
+        per_token = F.cross_entropy(model(x.to(device)), y.to(device), reduction="none")
+        losses.append(per_token.reshape(len(x), context).mean(dim=1).double().cpu().numpy())
     model.train()
-    return total / max(count, 1)
+    return np.concatenate(losses) if losses else np.zeros(0)
+
+
+def held_out_loss(model, tokens: np.ndarray, context: int, device: torch.device, windows: int,
+                  batch: int = 64) -> float:
+    """Mean next-token loss over the first `windows` non-overlapping windows of `tokens` (all of equal length)."""
+    losses = window_losses(model, tokens, context, device, windows, batch)
+    return float(losses.mean()) if len(losses) else 0.0
 
 
 def split(tokens: np.ndarray, holdout: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -138,3 +138,20 @@ def test_scaling_keeps_each_engines_median_run_and_pairs_ray_with_the_local_run_
     # per repeat: wall +10%, 0, 0; CPU +50%, +10%, +100% (each ray run against the local run of its repeat)
     assert out["ray_overhead_wall"] == pytest.approx(0.0) and out["ray_overhead_wall_range"] == pytest.approx([0, 0.1])
     assert out["ray_overhead_cpu"] == pytest.approx(0.5) and out["ray_overhead_cpu_range"] == pytest.approx([0.1, 1.0])
+
+
+def test_a_step_in_depth_is_resolved_only_beyond_two_block_standard_errors():
+    from pretrained_set import BLOCK, paired_difference
+
+    rng = np.random.default_rng(0)
+    shallower = rng.uniform(1.0, 2.0, 50 * BLOCK)                       # passages of very different difficulty
+    clear = paired_difference(shallower - 0.01 + rng.normal(0, 0.01, len(shallower)), shallower)
+    assert clear["loss_gain"] == pytest.approx(0.01, abs=0.002) and clear["resolved"]
+    assert clear["windows_deeper_better"] > 0.75
+    # the same mean gain hidden in block-to-block noise: each block of passages favours one model or the other
+    swing = np.repeat(rng.permutation([-0.1, 0.1] * 25), BLOCK)
+    noisy = paired_difference(shallower - 0.01 + swing, shallower)
+    assert noisy["loss_gain"] == pytest.approx(0.01)
+    assert noisy["standard_error"] > 0.01 and not noisy["resolved"]
+    # the error is over blocks, not windows: an error over single windows would have called it resolved
+    assert 2 * np.std(swing, ddof=1) / np.sqrt(len(swing)) < noisy["loss_gain"]
