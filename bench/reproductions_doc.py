@@ -96,12 +96,13 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
     if pretrained_table:
         lines += ["Pretrained set (next-character loss, lower is better; the checkpoint kept is the one of lowest "
                   "validation loss, the held-out loss is on text the choice never saw):", "",
-                  "| depth | steps | batch | dropout | checkpoint kept | validation loss | held-out loss | train loss |",
+                  "| depth | steps (last schedule) | steps behind the kept weights | batch | dropout | validation loss "
+                  "| held-out loss | train loss |",
                   "|---|---|---|---|---|---|---|---|"]
         for depth, d in r["pretrained"]["depths"].items():
             validation = f"{d['validation_loss']:.3f}" if d.get("validation_loss") is not None else "n/a"
-            lines.append(f"| {depth} | {d['steps']} | {d['batch_size']} | {d.get('dropout', 0.0):g} | "
-                         f"{d.get('best_step') or 'last'} | "
+            kept = d.get("total_steps") or d.get("best_step") or d["steps"]   # a set of one schedule records no total
+            lines.append(f"| {depth} | {d['steps']} | {kept} | {d['batch_size']} | {d.get('dropout', 0.0):g} | "
                          f"{validation} | {d['held_out_loss']:.3f} | {d['train_loss']:.3f} |")
         lines += ["", "Held-out loss strictly decreasing with depth: "
                   + ("yes" if r["pretrained"]["held_out_loss_strictly_decreasing_with_depth"] else "**no**") + ".", ""]
@@ -196,13 +197,14 @@ def render_caff_seeds(names: tuple[str, ...] = ("caff", "caff_seed1")) -> str:
     for column in columns:
         for m in runs[0]["paper_order"]:
             lines.append(f"| {mib(runs[0]['budgets_bytes'][column])} | {m} | "
-                         + " | ".join(pct(r["methods"].get(column, {}).get(m, {}).get("final"), 2) for r in runs) + " |")
+                         + " | ".join(pct(r["methods"][column][m]["final"], 2) if m in r["methods"].get(column, {})
+                                      else "not run" for r in runs) + " |")
     lines += ["", "| budget | " + " | ".join(f"seed {s}: ours (matches)" for s in seeds) + " |",
               "|---|" + "---|" * len(seeds)]
     for column in columns:
         lines.append(f"| {mib(runs[0]['budgets_bytes'][column])} | "
-                     + " | ".join(f"{' > '.join(r['our_order'].get(column, []))} ({verdict(r['matches_paper_order'].get(column))})"
-                                  for r in runs) + " |")
+                     + " | ".join(f"{' > '.join(r['our_order'][column])} ({verdict(r['matches_paper_order'][column])})"
+                                  if column in r["our_order"] else "not run" for r in runs) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -265,6 +267,8 @@ def render_slt() -> str:
 RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seeds,
           "caff_pretrained_sets": render_pretrained_sets,
           "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False),
+          "caff_first_set": lambda: render_caff("caff_first_set"),
+          "caff_first_set_seeds": lambda: render_caff_seeds(("caff_first_set", "caff_first_set_seed1")),
           **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")},
           **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
 
