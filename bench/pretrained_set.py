@@ -38,6 +38,8 @@ def paired_difference(deeper: np.ndarray, shallower: np.ndarray) -> dict:
     by this test text)."""
     gain = shallower - deeper
     blocks = gain[: len(gain) // BLOCK * BLOCK].reshape(-1, BLOCK).mean(axis=1)
+    if len(blocks) < 2:
+        raise SystemExit(f"the test text has {len(gain)} windows: a standard error needs at least {2 * BLOCK}")
     error = float(blocks.std(ddof=1) / np.sqrt(len(blocks)))
     mean = float(gain.mean())
     return {"loss_gain": mean, "standard_error": error, "windows_deeper_better": float((gain > 0).mean()),

@@ -155,3 +155,5 @@ def test_a_step_in_depth_is_resolved_only_beyond_two_block_standard_errors():
     assert noisy["standard_error"] > 0.01 and not noisy["resolved"]
     # the error is over blocks, not windows: an error over single windows would have called it resolved
     assert 2 * np.std(swing, ddof=1) / np.sqrt(len(swing)) < noisy["loss_gain"]
+    with pytest.raises(SystemExit, match="needs at least 40"):
+        paired_difference(shallower[: 2 * BLOCK - 1], shallower[: 2 * BLOCK - 1])
