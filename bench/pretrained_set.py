@@ -62,9 +62,8 @@ def every_test_window(folder: Path, configs: dict, tokens) -> dict:
         ref = ModelRef.from_json(config["model"])
         model = build(ref)
         model.load_state_dict(load_pretrained(folder, ref))
-        windows = len(range(0, len(test) - settings["context"] - 1, settings["context"]))   # as window_losses cuts them
-        losses[depth] = window_losses(model, test, settings["context"], torch.device("cpu"), windows)
-        result[str(depth)] = {"windows": windows, "held_out_loss": float(losses[depth].mean())}
+        losses[depth] = window_losses(model, test, settings["context"], torch.device("cpu"), windows=len(test))
+        result[str(depth)] = {"windows": len(losses[depth]), "held_out_loss": float(losses[depth].mean())}
     depths = sorted(losses)
     result["steps_in_depth"] = {f"{a}->{b}": paired_difference(losses[b], losses[a]) for a, b in zip(depths, depths[1:])}
     return result
