@@ -155,9 +155,12 @@ def render_pretrained_sets() -> str:
         # a continued set's earlier stages first: "5000 + 5000" is a second schedule from the first's weights
         stages = next(iter(r["depths"].values())).get("stages", [])
         steps = " + ".join(str(s["settings"]["steps"]) for s in [*stages, {"settings": r["settings"]}])
+        falls = verdict(r["held_out_loss_strictly_decreasing_with_depth"])
+        if len(r["depths"]) < len(depths):
+            # a set still being pretrained: its verdict covers only the depths it has
+            falls = f"{' -> '.join(sorted(r['depths'], key=int))} only: {falls}"
         lines.append(f"| `{name}.json` | {corpus} | {r['settings'].get('dropout', 0.0):g} | {steps} | "
-                     f"{each('held_out_loss')} | {each('validation_loss')} | {each('best_step', '{}')} | "
-                     f"{verdict(r['held_out_loss_strictly_decreasing_with_depth'])} |")
+                     f"{each('held_out_loss')} | {each('validation_loss')} | {each('best_step', '{}')} | {falls} |")
     return "\n".join(lines + render_steps_in_depth(sets)) + "\n"
 
 
@@ -170,17 +173,21 @@ def render_steps_in_depth(sets: list[tuple[str, dict]]) -> list[str]:
         return []
     _, every, context = measured[0]
     windows = next(v["windows"] for k, v in every.items() if k != "steps_in_depth")
-    steps = list(every["steps_in_depth"])
+    # columns keyed by depth and by step, so a set that lacks a depth lines up with the others ("-" where it has none)
+    depths = sorted({int(k) for _, e, _ in measured for k in e if k != "steps_in_depth"})
+    steps = sorted({s for _, e, _ in measured for s in e["steps_in_depth"]}, key=lambda s: [int(d) for d in s.split("->")])
     lines = ["", f"Every window of the test text ({windows:,} windows of {context} characters), each step in depth as "
              "the loss the deeper model gains on the same windows (negative: it loses), +- one standard error over "
              "blocks of consecutive windows; *resolved* when the gain is beyond two errors "
              "(`bench/pretrained_set.py --all-windows`):", "",
-             "| set | loss on every test window | " + " | ".join(f"{s.replace('->', ' -> ')} layers" for s in steps) + " |",
+             f"| set | loss on every test window {' / '.join(map(str, depths))} | "
+             + " | ".join(f"{s.replace('->', ' -> ')} layers" for s in steps) + " |",
              "|---|---|" + "---|" * len(steps)]
     for name, every, _ in measured:
-        losses = " / ".join(f"{v['held_out_loss']:.3f}" for k, v in every.items() if k != "steps_in_depth")
+        losses = " / ".join(f"{every[str(d)]['held_out_loss']:.3f}" if str(d) in every else "-" for d in depths)
         cells = [f"{g['loss_gain']:+.4f} +- {g['standard_error']:.4f}, {g['windows_deeper_better']:.0%} of windows"
-                 f"{', resolved' if g['resolved'] else ''}" for g in every["steps_in_depth"].values()]
+                 f"{', resolved' if g['resolved'] else ''}" if (g := every["steps_in_depth"].get(s)) else "-"
+                 for s in steps]
         lines.append(f"| `{name}.json` | {losses} | " + " | ".join(cells) + " |")
     return lines
 

@@ -157,3 +157,36 @@ def test_a_step_in_depth_is_resolved_only_beyond_two_block_standard_errors():
     assert 2 * np.std(swing, ddof=1) / np.sqrt(len(swing)) < noisy["loss_gain"]
     with pytest.raises(SystemExit, match="needs at least 40"):
         paired_difference(shallower[: 2 * BLOCK - 1], shallower[: 2 * BLOCK - 1])
+
+
+def test_a_set_lacking_depths_lines_up_with_the_full_sets_in_the_pretrained_tables(tmp_path, monkeypatch):
+    import json
+
+    import reproductions_doc
+
+    def step(gain):
+        return {"loss_gain": gain, "standard_error": 0.001, "windows_deeper_better": 0.6, "resolved": True}
+
+    def pretrained_set(losses: dict, steps: dict) -> dict:
+        return {"settings": {"steps": 100, "dropout": 0.05, "context": 80}, "corpus_tokens": 1000, "works": ["a"],
+                "depths": {d: {"held_out_loss": v, "validation_loss": v, "best_step": 100} for d, v in losses.items()},
+                "held_out_loss_strictly_decreasing_with_depth": True,
+                "every_test_window": {**{d: {"windows": 50, "held_out_loss": v} for d, v in losses.items()},
+                                      "steps_in_depth": steps}}
+    full = pretrained_set({"3": 1.5, "6": 1.4, "9": 1.3, "12": 1.2},
+                          {"3->6": step(0.1), "6->9": step(0.1), "9->12": step(0.1)})
+    deep_only = pretrained_set({"9": 1.25, "12": 1.21}, {"9->12": step(0.04)})
+    for name, r in (("full", full), ("deep_only", deep_only)):
+        (tmp_path / f"reproduce_{name}.json").write_text(json.dumps(r))
+    monkeypatch.setattr(reproductions_doc, "RESULTS", tmp_path)
+    monkeypatch.setattr(reproductions_doc, "PRETRAINED_SETS", ("full", "deep_only"))
+
+    rows = [line.split(" | ") for line in reproductions_doc.render_pretrained_sets().splitlines() if line.startswith("| `")]
+    sets, windows = [r for r in rows if len(r) == 8], [r for r in rows if len(r) == 5]
+    partial = next(r for r in sets if "deep_only" in r[0])
+    assert partial[4] == "- / - / 1.250 / 1.210" and partial[7] == "9 -> 12 only: yes |"
+    assert next(r for r in sets if "`full" in r[0])[7] == "yes |"
+    partial_windows = next(r for r in windows if "deep_only" in r[0])
+    assert partial_windows[1] == "- / - / 1.250 / 1.210"
+    # its one step sits under the 9 -> 12 column, not the first one
+    assert partial_windows[2:] == ["-", "-", "+0.0400 +- 0.0010, 60% of windows, resolved |"]
