@@ -133,7 +133,7 @@ def render_caff(name: str = "caff", pretrained_table: bool = True) -> str:
 
 
 PRETRAINED_SETS = ("caff_pretrained", "caff_pretrained_dropout", "caff_pretrained_more_text", "caff_pretrained_5000",
-                   "caff_pretrained_continued")
+                   "caff_pretrained_continued", "caff_pretrained_15000")
 
 
 def render_pretrained_sets() -> str:
