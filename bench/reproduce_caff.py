@@ -239,7 +239,8 @@ def main(argv=None) -> None:
     loop = LoopSettings(rounds=args.rounds, clients_per_round=args.clients_per_round, seed=args.seed,
                         eval_every=args.eval_every, lr=args.lr, lr_final=args.lr_final)
     depths = {d: {"held_out_loss": c.get("held_out_loss"), "train_loss": c.get("train_loss"), "steps": c.get("steps"),
-                  "total_steps": c.get("total_steps") or c.get("best_step") or c.get("steps"), "best_step": c.get("best_step"), "validation_loss": c.get("validation_loss"),
+                  "total_steps": c.get("total_steps") or c.get("best_step") or c.get("steps"),
+                  "best_step": c.get("best_step"), "validation_loss": c.get("validation_loss"),
                   "batch_size": c["settings"].get("batch_size"), "dropout": c["settings"].get("dropout", 0.0)}
               for d, c in sorted(pretrained.items())}
     losses = [v["held_out_loss"] for v in depths.values()]
