@@ -197,21 +197,43 @@ def render_caff_seeds(names: tuple[str, ...] = ("caff", "caff_seed1")) -> str:
     runs = [json.loads(p.read_text()) for p in (RESULTS / f"reproduce_{n}.json" for n in names) if p.exists()]
     if len(runs) < 2:
         return "No second seed yet: run `python bench/reproduce_caff.py --pretrained DIR --seed 1`.\n"
-    seeds = [r["settings"]["seed"] for r in runs]
-    lines = ["| budget | method | " + " | ".join(f"seed {s}, final" for s in seeds) + " |",
-             "|---|---|" + "---|" * len(seeds)]
-    columns = sorted(runs[0]["methods"], key=lambda c: runs[0]["budgets_bytes"][c])
+    return render_caff_runs([(f"seed {r['settings']['seed']}", r) for r in runs])
+
+
+def render_caff_sets(runs: tuple[tuple[str, str], ...]) -> str:
+    """The same columns fine-tuned from other pretrained sets: `runs` pairs a result name with its set's label.
+    Each row shows start and final accuracy, since the start is what a set changes."""
+    found = [(label, json.loads(p.read_text())) for name, label in runs
+             if (p := RESULTS / f"reproduce_{name}.json").exists()]
+    if len(found) < 2:
+        return "No run on another pretrained set yet: run `python bench/reproduce_caff.py --pretrained DIR -o ...`.\n"
+    return render_caff_runs(found, start=True)
+
+
+def render_caff_runs(runs: list[tuple[str, dict]], start: bool = False) -> str:
+    """Per budget column (the first run's) and method: each run's final accuracy (`start`: start -> final), then
+    each run's order and verdict; a column or method a run lacks reads "not run"."""
+    first = runs[0][1]
+
+    def cell(r: dict, column: str, m: str) -> str:
+        row = r["methods"].get(column, {}).get(m)
+        if row is None:
+            return "not run"
+        return f"{pct(row.get('start'), 2)} -> {pct(row['final'], 2)}" if start else pct(row["final"], 2)
+    what = "start -> final" if start else "final"
+    lines = ["| budget | method | " + " | ".join(f"{label}, {what}" for label, _ in runs) + " |",
+             "|---|---|" + "---|" * len(runs)]
+    columns = sorted(first["methods"], key=lambda c: first["budgets_bytes"][c])
     for column in columns:
-        for m in runs[0]["paper_order"]:
-            lines.append(f"| {mib(runs[0]['budgets_bytes'][column])} | {m} | "
-                         + " | ".join(pct(r["methods"][column][m]["final"], 2) if m in r["methods"].get(column, {})
-                                      else "not run" for r in runs) + " |")
-    lines += ["", "| budget | " + " | ".join(f"seed {s}: ours (matches)" for s in seeds) + " |",
-              "|---|" + "---|" * len(seeds)]
+        for m in first["paper_order"]:
+            lines.append(f"| {mib(first['budgets_bytes'][column])} | {m} | "
+                         + " | ".join(cell(r, column, m) for _, r in runs) + " |")
+    lines += ["", "| budget | " + " | ".join(f"{label}: ours (matches)" for label, _ in runs) + " |",
+              "|---|" + "---|" * len(runs)]
     for column in columns:
-        lines.append(f"| {mib(runs[0]['budgets_bytes'][column])} | "
+        lines.append(f"| {mib(first['budgets_bytes'][column])} | "
                      + " | ".join(f"{' > '.join(r['our_order'][column])} ({verdict(r['matches_paper_order'][column])})"
-                                  if column in r["our_order"] else "not run" for r in runs) + " |")
+                                  if column in r["our_order"] else "not run" for _, r in runs) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -276,6 +298,8 @@ RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seed
           "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False),
           "caff_first_set": lambda: render_caff("caff_first_set"),
           "caff_first_set_seeds": lambda: render_caff_seeds(("caff_first_set", "caff_first_set_seed1")),
+          "caff_15000": lambda: render_caff_sets((("caff", "continued set"), ("caff_15000", "15,000-step set, seed 0"),
+                                                  ("caff_15000_seed1", "15,000-step set, seed 1"))),
           **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")},
           **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
 

@@ -190,3 +190,31 @@ def test_a_set_lacking_depths_lines_up_with_the_full_sets_in_the_pretrained_tabl
     assert partial_windows[1] == "- / - / 1.250 / 1.210"
     # its one step sits under the 9 -> 12 column, not the first one
     assert partial_windows[2:] == ["-", "-", "+0.0400 +- 0.0010, 60% of windows, resolved |"]
+
+
+def test_runs_on_other_pretrained_sets_show_start_and_final_and_what_was_not_run(tmp_path, monkeypatch):
+    import json
+
+    import reproductions_doc
+
+    order = ["caff", "lora"]
+
+    def run(columns: dict) -> dict:
+        return {"settings": {"seed": 0}, "paper_order": order,
+                "budgets_bytes": {c: b for c, (b, _) in columns.items()},
+                "methods": {c: {m: {"start": s, "final": f} for m, (s, f) in rows.items()}
+                            for c, (_, rows) in columns.items()},
+                "our_order": {c: order for c in columns}, "matches_paper_order": {c: True for c in columns}}
+    both = run({"tight": (100 * 2**20, {"caff": (0.5, 0.52), "lora": (0.4, 0.41)}),
+                "wide": (200 * 2**20, {"caff": (0.5, 0.55), "lora": (0.45, 0.46)})})
+    tight_only = run({"tight": (100 * 2**20, {"caff": (0.6, 0.61), "lora": (0.42, 0.43)})})
+    for name, r in (("a", both), ("b", tight_only)):
+        (tmp_path / f"reproduce_{name}.json").write_text(json.dumps(r))
+    monkeypatch.setattr(reproductions_doc, "RESULTS", tmp_path)
+
+    assert "No run on another" in reproductions_doc.render_caff_sets((("a", "set A"), ("missing", "set M")))
+    lines = reproductions_doc.render_caff_sets((("a", "set A"), ("b", "set B"))).splitlines()
+    assert lines[0] == "| budget | method | set A, start -> final | set B, start -> final |"
+    assert "| 100.0 MiB | caff | 50.00 -> 52.00 | 60.00 -> 61.00 |" in lines
+    assert "| 200.0 MiB | lora | 45.00 -> 46.00 | not run |" in lines
+    assert "| 200.0 MiB | caff > lora (yes) | not run |" in lines
