@@ -2,10 +2,11 @@
 
 `baseline_bytes` is what importing the runtime and opening a session costs before any model exists.
 `workspace_fixed_bytes` is memory the first training step allocates once (kernel libraries and their
-code pages, thread pools, allocator arenas; for torch also torch._dynamo, which torch.optim imports on
-first use, about 70 MiB); `workspace_factor` scales the step's live-bytes peak (`edgefl.cost.
-step_peak_bytes`: kept activations, gradients and each layer's forward working set on the step's
-timeline) for what kernels allocate beyond the tensors the profiler sees. Defaults come from
+code pages, thread pools, allocator arenas; for torch also torch._dynamo, about 70 MiB, which torch.optim's
+optimizer classes and `torch.export.load` both import: a torch device process holds it whatever its
+optimizer, and so does the Python ExecuTorch runtime); `workspace_factor` scales the step's live-bytes peak
+(`edgefl.cost.step_peak_bytes`: kept activations, gradients and each layer's forward working set on the
+step's timeline) for what kernels allocate beyond the tensors the profiler sees. Defaults come from
 measurements on an x86_64 2-core machine; `edgefl calibrate` fits them from device reports and writes a
 JSON file that `load_calibration` reads instead.
 """
