@@ -25,12 +25,12 @@ and the held-out windows stay the same, so start accuracies are shared across se
 every memory column: CAFF > Heterogeneous LoRA > FedHM > FedRolex. The result records the pretrained set's
 held-out loss per depth (it must fall with depth for depth to help).
 
-Needs:     edgefl pretrain -o PRETRAINED --steps 5000 --batch-size 32 --eval-every 100 --dropout 0.05
-           [--plays P1,P2,...]  (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest validation
-           loss; CAFF's pretraining dropout, 0.05, none while fine-tuning; the devices are speakers of the plays
-           the set was not pretrained on). The published columns fine-tune that set continued for a second
-           schedule (`edgefl pretrain --from`): bench/results/reproduce_caff_pretrained_continued.json records
-           both commands and the plays.
+Needs:     edgefl pretrain -o PRETRAINED --steps 15000 --batch-size 32 --eval-every 100 --patience 10
+           --dropout 0.05 [--plays P1,P2,...]  (the CAFF set, l in {3, 6, 9, 12}, each the checkpoint of lowest
+           validation loss; CAFF's pretraining dropout, 0.05, none while fine-tuning; the devices are speakers
+           of the plays the set was not pretrained on). The published columns fine-tune that set, run over
+           several sittings with --resume: bench/results/reproduce_caff_pretrained_15000.json records the
+           command and the plays.
 Validate:  python bench/reproduce_caff.py --pretrained DIR --rounds 2 --methods caff,fedrolex \\
                --devices 12 --clients-per-round 3 --test-limit 200 -o /tmp/caff.json
 Full run:  python bench/reproduce_caff.py --pretrained DIR --rounds R   (split with --budget-scale / --methods:

@@ -298,7 +298,8 @@ RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seed
           "caff_block_budgets": lambda: render_caff("caff_block_budgets", pretrained_table=False),
           "caff_first_set": lambda: render_caff("caff_first_set"),
           "caff_first_set_seeds": lambda: render_caff_seeds(("caff_first_set", "caff_first_set_seed1")),
-          "caff_15000": lambda: render_caff_sets((("caff", "continued set"), ("caff_15000", "15,000-step set"))),
+          "caff_sets": lambda: render_caff_sets((("caff_continued", "continued set"), ("caff", "15,000-step set"))),
+          "caff_continued_seeds": lambda: render_caff_seeds(("caff_continued", "caff_continued_seed1")),
           **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")},
           **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
 
