@@ -20,12 +20,12 @@ all-but-head} x S in {0.25, 0.5, 1} (GRID: the CNN's 4 layers: K in {0, 1, 3}).
 ExecuTorch: the row is the native trainer (`edgefl-et-train`, the default path of `edgefl-device train`);
 for the goal models (ResNet-20 and the CNN: GOAL_MODELS) also, on the same set in the same run, the Python
 ExecuTorch trainer (`--trainer python`, which imports torch), and the analytic floor (weights trained +
-frozen, gradients, optimizer state, kept activations and one input batch: edgefl.cost's Cost fields),
+frozen, gradients, optimizer state, kept activations and one input batch: edgefl.cost.model's Cost fields),
 `native_over_floor_plus_16MiB` = native peak / (1.3 floor + 16 MiB) (goal <= 1) and `native_over_python`
 (goal <= 0.25). Every ExecuTorch row has the programs' memory-planned arena. A full ResNet-20 suffix export
 takes about two minutes in ExecuTorch's toolchain: the whole run takes about two hours on 2 cores.
 
-Constants (edgefl/calibration.py) fitted here for ort and executorch (edgefl.upper_bound, "a plan is a
+Constants (edgefl/cost/constants.py) fitted here for ort and executorch (edgefl.cost.upper_bound, "a plan is a
 promise"): `baseline_bytes` measured (ort: RSS of a fresh process importing onnxruntime through the
 torch-free shim and opening one session; executorch: the peak RSS of a fresh `edgefl-et-train --version`
 under GNU time, its libraries loaded and kernels registered, no program); the workspace factor, the
@@ -59,11 +59,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants, family  # noqa: E402
-from edgefl.cost import Cost, cost, step_peak_bytes  # noqa: E402
-from edgefl import upper_bound  # noqa: E402
-from edgefl.upper_bound import FITTED, MARGIN_BYTES, MARGIN_FRACTION, grid  # noqa: E402
-from edgefl.profile import ProfileStore  # noqa: E402
+from edgefl.cost import upper_bound  # noqa: E402
+from edgefl.cost.constants import DEFAULTS, RuntimeConstants, family  # noqa: E402
+from edgefl.cost.model import Cost, cost, step_peak_bytes  # noqa: E402
+from edgefl.cost.profile_store import ProfileStore  # noqa: E402
+from edgefl.cost.upper_bound import FITTED, MARGIN_BYTES, MARGIN_FRACTION, grid  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
@@ -86,7 +86,7 @@ GOAL_MODELS = ("resnet20", "cnn")     # issue goals for the native ExecuTorch tr
 MAX_FACTOR = {"ort": 4.0, "executorch": 6.0}
 GRID_COPIES = grid(1.0, 0.1)
 TRAINED_COPIES, FROZEN_COPIES = GRID_COPIES, GRID_COPIES
-# what a model of an unmeasured family gets (edgefl.upper_bound.fit_families): ORT's families share one shape (without
+# what a model of an unmeasured family gets (edgefl.cost.upper_bound.fit_families): ORT's families share one shape (without
 # buffer reuse its graph holds what the step peak says; their own workspace factors 0.92-1.12), so one fit over all
 # of them speaks for a new one; ExecuTorch's memory planner gives each family its own (arena over step peak 0.2-2.7;
 # factors 1.12-1.52), where one fit over the others under-priced a held-out ResNet: each term the largest
@@ -233,7 +233,7 @@ def row_terms(rows: list[dict], store: ProfileStore, runtime: str, step_of=None)
 
 def fit_families(rows: list[dict], store: ProfileStore, baseline: int, runtime: str,
                  exclude: str | None = None, step_of=None) -> RuntimeConstants:
-    """`runtime`'s constants fitted on `rows` (edgefl.upper_bound.fit_families); `exclude`: leave that family's
+    """`runtime`'s constants fitted on `rows` (edgefl.cost.upper_bound.fit_families); `exclude`: leave that family's
     rows out; `step_of` as for `row_terms`."""
     peaks = {}
     for name in sorted({family(r["model"]) for r in rows} - {exclude}):

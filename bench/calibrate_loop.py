@@ -69,7 +69,7 @@ def served_run(folder: Path, broker: Mosquitto, fleet: Path, plan: Path, rounds:
 def fleet_file(path: Path, runtimes: list[str], examples: int, model: str) -> dict[str, int]:
     """One group per runtime; budgets: the whole model's predicted peak under the built-in constants + 2%."""
     from edgefl.fleet import parse_fleet
-    from edgefl.strategies import PlanContext
+    from edgefl.planning.strategies import PlanContext
     from edgefl.zoo import ModelRef
 
     ctx = PlanContext(parse_fleet("fleet: {groups: {g: {count: 1, memory_budget: 4GiB}}}"), ModelRef.of(model))

@@ -7,7 +7,7 @@ subset, iid), all 100 train every round (1 local epoch, batch 32: one step each)
 evaluation on 2,000 test images after the last round only. One intra-op torch thread everywhere
 (OMP_NUM_THREADS=1), so every engine trains alike and the results are compared bit for bit.
 
-Engines, each in a fresh process (the driver: what `edgefl emulate` runs, via edgefl.cli.emulation with
+Engines, each in a fresh process (the driver: what `edgefl emulate` runs, via edgefl.engines.local with
 the CLI's wiring) and, for Ray, a fresh cluster of `ray start --block` nodes on this machine
 (bench/ray_cluster.py):
   local:           devices in the driver (InMemoryTransport), the default engine;
@@ -60,20 +60,20 @@ def child(engine: str, address: str | None, rounds: int, per_device: int, out: P
     """One run in this process, as `edgefl emulate --method fedavg` wires it; writes round times and results."""
     import torch
 
-    from edgefl.cli.emulate_cmd import _subset
-    from edgefl.cli.emulation import emulate
-    from edgefl.coordinator import LoopSettings, record_to_json
-    from edgefl.data import load_dataset
+    from edgefl.data import load_dataset, subset
+    from edgefl.data.shares import device_shares
+    from edgefl.engines.local import emulate
     from edgefl.fleet import parse_fleet
-    from edgefl.plan import verify
-    from edgefl.shares import device_shares
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.plan import verify
+    from edgefl.planning.strategies import PlanContext, get_strategy
+    from edgefl.server.coordinator import LoopSettings
+    from edgefl.server.history import record_to_json
     from edgefl.transport.memory import InMemoryTransport
     from edgefl.zoo import ModelRef
 
     fleet = parse_fleet(f"fleet:\n  groups:\n    c: {{count: {DEVICES}, memory_budget: 8GiB, runtime: torch}}\n")
-    train = _subset(load_dataset("fashion-mnist", split="train"), DEVICES * per_device, SEED)
-    test = _subset(load_dataset("fashion-mnist", split="test"), TEST, SEED + 1)
+    train = subset(load_dataset("fashion-mnist", split="train"), DEVICES * per_device, SEED)
+    test = subset(load_dataset("fashion-mnist", split="test"), TEST, SEED + 1)
     strategy = get_strategy("fedavg")
     ref = ModelRef.of("cnn", num_classes=10, input_shape=(1, 28, 28))
     plan = verify(strategy.plan(PlanContext(fleet, ref, rounds=rounds, batch_size=BATCH)), fleet)
@@ -84,7 +84,7 @@ def child(engine: str, address: str | None, rounds: int, per_device: int, out: P
     if engine == "local":
         context = nullcontext(InMemoryTransport)
     else:
-        from edgefl.cli.ray_engine import ray_engine
+        from edgefl.engines.ray import ray_engine
         context = ray_engine(address, plan.model, "cpu")
     with context as transport:
         if engine != "local":

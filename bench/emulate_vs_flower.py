@@ -52,10 +52,13 @@ sys.path.insert(0, str(ROOT / "bench" / "flower_app"))
 from fedbench import task  # noqa: E402
 from proctree import TreeSampler, stop_tree, wait_for  # noqa: E402
 
-from edgefl.cli.emulate_cmd import _subset  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
-from edgefl.coordinator import Coordinator, LoopSettings  # noqa: E402
-from edgefl.data import load_dataset, parse_partition  # noqa: E402
+from edgefl.data import (  # noqa: E402
+    load_dataset,
+    parse_partition,
+    subset,  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
+)
 from edgefl.fleet import parse_fleet  # noqa: E402
+from edgefl.server.coordinator import Coordinator, LoopSettings  # noqa: E402
 from edgefl.zoo import ModelRef, build  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "emulate_vs_flower.json"
@@ -80,7 +83,7 @@ def fleet_yaml(w: Workload) -> str:
 
 def prepare(w: Workload, rounds: int, folder: Path) -> dict:
     """The inputs every system shares, written to `folder`; returns their paths and the schedule."""
-    train = _subset(load_dataset("fashion-mnist", split="train"), w.train_limit, SEED)
+    train = subset(load_dataset("fashion-mnist", split="train"), w.train_limit, SEED)
     test = load_dataset("fashion-mnist", split="test")
     shares = parse_partition("iid").split(train.y, w.clients, SEED)
     raw = {k: np.rint(d.x * 255).astype(np.uint8) for k, d in (("train", train), ("test", test))}

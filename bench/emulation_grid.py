@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from edgefl.cli.emulation import emulate
-from edgefl.coordinator import LoopSettings
+from edgefl.engines.local import emulate
 from edgefl.fleet import Fleet, parse_fleet
-from edgefl.plan import verify
-from edgefl.strategies import PlanContext, Strategy, get_strategy
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import PlanContext, Strategy, get_strategy
+from edgefl.server.coordinator import LoopSettings
 from edgefl.zoo import ModelRef
 
 

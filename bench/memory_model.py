@@ -6,18 +6,18 @@ For every zoo model, every frozen prefix k in 0..L-1 (SLT-style: frozen_prefix =
 scaled by s, trained to the end; k = L-1 has no head to scale), s in {0.125, 0.25, 0.5, 1} and batch in
 {8, 32}:
 
-* activation bytes: the cost model's `activation_bytes` vs `edgefl.measure.measure_activation_bytes`
+* activation bytes: the cost model's `activation_bytes` vs `edgefl.cost.measure.measure_activation_bytes`
   (in this process, the full grid);
 * training bytes: the cost model's `training_bytes` vs the peak RSS growth of a fresh process running
-  the training steps (`edgefl.measure.measure_peak`), under the allocator policy the constants are
+  the training steps (`edgefl.cost.measure.measure_peak`), under the allocator policy the constants are
   calibrated for (glibc's mmap threshold fixed: `allocator='fixed'`). A fresh process costs seconds, so
   peaks are sampled (see `sampling` in the output); `--jobs` of them run at a time (RSS is per process,
   so running two side by side does not change it; only `step_seconds` feels the shared cores). The
   batch-32 peaks are measured once more under glibc's default policy (`default_allocator` in the output)
   to show what fragmentation does to the same predictions.
 
-Writes bench/results/memory_model.json. `--fit` fits the torch runtime's constants (edgefl/calibration.py)
-as an upper bound ("a plan is a promise", edgefl.upper_bound) on every peak measured here (baseline: the
+Writes bench/results/memory_model.json. `--fit` fits the torch runtime's constants (edgefl/cost/constants.py)
+as an upper bound ("a plan is a promise", edgefl.cost.upper_bound) on every peak measured here (baseline: the
 torch import RSS measured here, plus the measured growth) and on the torch rows of
 bench/results/artifact_memory.json (`edgefl-device train` on exported torch sets, its evaluation included):
 every peak predicted >= measured + max(2%, 1 MiB). The loops measured here are bare training loops, the
@@ -45,12 +45,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from edgefl.calibration import DEFAULTS, RuntimeConstants, family  # noqa: E402
-from edgefl.cost import cost, step_peak_bytes  # noqa: E402
-from edgefl.profile import ProfileStore  # noqa: E402
+from edgefl.cost.constants import DEFAULTS, RuntimeConstants, family  # noqa: E402
+from edgefl.cost.model import cost, step_peak_bytes  # noqa: E402
+from edgefl.cost.profile_store import ProfileStore  # noqa: E402
+from edgefl.cost.upper_bound import FITTED, MARGIN_BYTES, MARGIN_FRACTION, fit_families  # noqa: E402
+from edgefl.cost.upper_bound import grid as fit_grid  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
-from edgefl.upper_bound import FITTED, MARGIN_BYTES, MARGIN_FRACTION, fit_families  # noqa: E402
-from edgefl.upper_bound import grid as fit_grid  # noqa: E402
 from edgefl.zoo import ModelRef, model_names  # noqa: E402
 
 WIDTHS = (0.125, 0.25, 0.5, 1.0)
@@ -133,7 +133,7 @@ def peak_points(rows: list[dict], import_rss: int, store: ProfileStore) -> list[
 
 
 def fit(points: list[dict], import_rss: int, exclude: str | None = None) -> RuntimeConstants:
-    """torch's constants on `points` (edgefl.upper_bound.fit_families); `exclude`: leave that family out."""
+    """torch's constants on `points` (edgefl.cost.upper_bound.fit_families); `exclude`: leave that family out."""
     peaks: dict[str, tuple[list, list]] = {}
     for p in points:
         if family(p["model"]) != exclude:
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from edgefl.measure import MMAP_THRESHOLD, measure_activation_bytes, measure_peak
+    from edgefl.cost.measure import MMAP_THRESHOLD, measure_activation_bytes, measure_peak
 
     # the in-process activation measurements run one step each on small batches: a second intra-op
     # thread only spins (and fights the peak processes for the 2 cores), so one thread
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
         "activation_error_max": amax, "activation_error_median": amed,
         "training_bytes_error_max": tmax, "training_bytes_error_median": tmed,
         "per_model": per_model,
-        "allocator": {"peaks": f"glibc mmap threshold fixed at {MMAP_THRESHOLD} bytes (edgefl.measure."
+        "allocator": {"peaks": f"glibc mmap threshold fixed at {MMAP_THRESHOLD} bytes (edgefl.cost.measure."
                                "configure_allocator); the constants are fitted under this policy",
                       "default_allocator": {"what": "the same predictions vs peaks under glibc's default (dynamic) "
                                                     f"mmap threshold, batch {list(DEFAULT_ALLOCATOR_BATCHES)} only",

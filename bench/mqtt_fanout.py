@@ -121,8 +121,9 @@ def main() -> None:
     import multiprocessing
 
     from mosquitto import Mosquitto, mosquitto_path
+
     from edgefl.device_runtime.mqtt_link import MqttLink  # noqa: F401  imported once, before the devices fork
-    from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
+    from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
     from edgefl.transport.mqtt import MqttTransport
 
     size = int(args.bytes)

@@ -80,7 +80,7 @@ def group_budgets(ref, groups: int) -> tuple[int, ...]:
     """Memory budgets under which HeteroFL gives group i the width 1 / 2**i: each the predicted peak at
     that width (the next wider one does not fit)."""
     from edgefl.fleet import parse_fleet
-    from edgefl.strategies import PlanContext
+    from edgefl.planning.strategies import PlanContext
 
     ctx = PlanContext(parse_fleet(fleet_text(groups, groups)), ref, batch_size=8)
     return tuple(ctx.cost(ctx.config(head_start=0, head_width=0.5 ** i, index_mode="prefix"), "torch").peak_memory_bytes
@@ -143,11 +143,12 @@ def devices_main(url: str, ids: list[str], rounds: int, cache: Path, timeout_s: 
 def coordinator_main(url: str, devices: int, rounds: int, out: Path, timeout_s: float, groups: int = 1) -> int:
     import torch
 
-    from edgefl.cli.emulation import TorchServerModel, torch_trainer
-    from edgefl.coordinator import Coordinator, LoopSettings
+    from edgefl.engines.local import torch_trainer
     from edgefl.fleet import parse_fleet
-    from edgefl.plan import verify
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.plan import verify
+    from edgefl.planning.strategies import PlanContext, get_strategy
+    from edgefl.server.coordinator import Coordinator, LoopSettings
+    from edgefl.server.global_model import TorchServerModel
     from edgefl.transport.mqtt import MqttTransport
     from edgefl.zoo import ModelRef
 
@@ -213,7 +214,7 @@ class DownCounter:
         return {**{f"{k}_bytes": 0 for k in keys}, **{f"{k}_messages": 0 for k in keys}, "group_sets": {}}
 
     def _message(self, client, userdata, msg) -> None:
-        from edgefl.transport import topics
+        from edgefl import topics
 
         t, n = topics.parse(msg.topic), len(msg.payload)
         if t is None:

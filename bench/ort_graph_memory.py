@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import artifact_memory as am  # noqa: E402
 
-from edgefl.calibration import DEFAULTS, family  # noqa: E402
-from edgefl.profile import ProfileStore  # noqa: E402
+from edgefl.cost.constants import DEFAULTS, family  # noqa: E402
+from edgefl.cost.profile_store import ProfileStore  # noqa: E402
 from edgefl.zoo import ModelRef, build  # noqa: E402
 
 MODELS = "resnet20,cnn,transformer,vgg11bn,densenet40,vit"

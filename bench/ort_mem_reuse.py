@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import artifact_memory as am  # noqa: E402
 
+from edgefl.cost.profile_store import ProfileStore  # noqa: E402
 from edgefl.device_runtime.child import check, run_process  # noqa: E402
-from edgefl.profile import ProfileStore  # noqa: E402
 from edgefl.zoo import ModelRef, build  # noqa: E402
 
 MODELS = "resnet20,cnn,transformer,vgg11bn,densenet40,vit"

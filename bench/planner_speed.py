@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from edgefl.cost.profile_store import ProfileStore
 from edgefl.fleet import parse_fleet
-from edgefl.profile import ProfileStore
-from edgefl.strategies import STRATEGIES, PlanContext, get_strategy
-from edgefl.plan import verify
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import STRATEGIES, PlanContext, get_strategy
 from edgefl.zoo import ModelRef
 
 ROOT = Path(__file__).resolve().parents[1]

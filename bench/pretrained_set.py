@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from edgefl.data import pretrain_corpus  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
-from edgefl.pretrain import available, pretrained_plays  # noqa: E402
+from edgefl.zoo.pretrained import available, pretrained_plays  # noqa: E402
 
 PER_DEPTH = ("held_out_loss", "validation_loss", "best_step", "train_loss", "first_loss", "steps", "params",
              "seconds", "validation_curve", "total_steps", "stages")
@@ -52,8 +52,9 @@ def every_test_window(folder: Path, configs: dict, tokens) -> dict:
     difference between depths is the passages measured."""
     import torch
 
-    from edgefl.pretrain import load_pretrained, split, window_losses
     from edgefl.zoo import ModelRef, build
+    from edgefl.zoo.pretrain import split, window_losses
+    from edgefl.zoo.pretrained import load_pretrained
 
     losses, result = {}, {}
     for depth, config in sorted(configs.items()):

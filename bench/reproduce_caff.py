@@ -55,12 +55,12 @@ from pretrained_set import strictly_decreasing  # noqa: E402
 from reproduction import add_energy, compare  # noqa: E402
 
 from edgefl.cli.emulate_cmd import _pretrained_ref, _subset  # noqa: E402  (what `edgefl emulate --pretrained` does)
-from edgefl.coordinator import LoopSettings  # noqa: E402
 from edgefl.data import load_dataset, parse_partition  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
 from edgefl.fleet import parse_fleet  # noqa: E402
-from edgefl.pretrain import fine_tuning_data_options  # noqa: E402
-from edgefl.strategies import STRATEGIES, PlanContext, get_strategy  # noqa: E402
+from edgefl.planning.strategies import STRATEGIES, PlanContext, get_strategy  # noqa: E402
+from edgefl.server.coordinator import LoopSettings  # noqa: E402
+from edgefl.zoo.pretrained import fine_tuning_data_options  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "reproduce_caff.json"
 PAPER_ORDER = ["caff", "lora", "fedhm", "fedrolex"]   # CAFF Table 1, Shakespeare, every memory column
@@ -80,7 +80,7 @@ def require(methods: list[str], pretrained: Path) -> dict:
         raise SystemExit(f"method(s) {missing} are not in this edgefl (it has {', '.join(STRATEGIES)}); "
                          "Heterogeneous LoRA is method 'lora'")
     try:
-        from edgefl.pretrain import available
+        from edgefl.zoo.pretrained import available
         return available(pretrained)
     except EdgeflError as exc:
         raise SystemExit(f"{exc}") from None
@@ -95,7 +95,7 @@ def budget_for(ref, blocks: int, runtime: str, optimizer: str) -> int:
 
 def admits(method: str, budget: int, pretrained: Path, train, runtime: str, optimizer: str) -> bool:
     """Some pretrained depth (CAFF: its own choice among them) has a plan that admits a device of `budget`."""
-    from edgefl.pretrain import available
+    from edgefl.zoo.pretrained import available
     strategy = get_strategy(method)
     fleet = fleet_of(1, budget, runtime)
     depths = [None] if method == "caff" else [[d] for d in sorted(available(pretrained))]
@@ -124,7 +124,7 @@ def fleet_of(devices: int, budget: int, runtime: str):
 
 def baseline_ref(strategy, fleet, pretrained: Path, train, settings: LoopSettings, optimizer: str):
     """A baseline's model: the pretrained depth whose plan admits the most devices, the deeper on a tie."""
-    from edgefl.pretrain import available
+    from edgefl.zoo.pretrained import available
     admitted = {}
     for depth in sorted(available(pretrained), reverse=True):
         ref = _pretrained_ref(pretrained, [depth], train, strategy)
@@ -140,10 +140,10 @@ def start_accuracies(result: dict, pretrained: Path, train, test, device: str = 
     yet), so a row shows what fine-tuning added."""
     import re
 
-    from edgefl.cli.emulation import torch_trainer
-    from edgefl.pretrain import load_pretrained
+    from edgefl.engines.local import torch_trainer
     from edgefl.trainconfig import TrainConfig
     from edgefl.zoo import build
+    from edgefl.zoo.pretrained import load_pretrained
     found: dict[int, float] = {}
     for rows in result["methods"].values():
         for row in rows.values():
@@ -261,7 +261,7 @@ def main(argv=None) -> None:
         if old.get("settings") == settings:
             result["methods"], result["budgets_bytes"] = old["methods"], old["budgets_bytes"]
 
-    from edgefl.pretrain import load_pretrained
+    from edgefl.zoo.pretrained import load_pretrained
     if args.budget_blocks:
         columns = {f"last {t} blocks": budget_for(deepest, int(t), args.runtime, args.optimizer)
                    for t in args.budget_blocks.split(",")}

@@ -26,7 +26,7 @@ GROUPS = 10
 
 
 def budgets(ref, runtime: str) -> list[int]:
-    from edgefl.strategies import PlanContext
+    from edgefl.planning.strategies import PlanContext
     layers = PlanContext(group_fleet("probe", [("p", 1, 2**40)], runtime), ref).num_layers
     low = peak_bytes(ref, runtime, frozen_prefix=layers - 1)
     full = peak_bytes(ref, runtime)

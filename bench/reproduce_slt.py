@@ -34,10 +34,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import one_group_fleet, run_method  # noqa: E402
 from reproduction import compare  # noqa: E402
 
-from edgefl.cli.emulate_cmd import _subset  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
-from edgefl.coordinator import LoopSettings  # noqa: E402
-from edgefl.data import load_dataset, parse_partition  # noqa: E402
-from edgefl.strategies import PlanContext  # noqa: E402
+from edgefl.data import (  # noqa: E402
+    load_dataset,
+    parse_partition,
+    subset,  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
+)
+from edgefl.planning.strategies import PlanContext  # noqa: E402
+from edgefl.server.coordinator import LoopSettings  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "reproduce_slt.json"
@@ -102,8 +105,8 @@ def main(argv=None) -> None:
     if args.rounds is None:
         p.error("--rounds is required (or --merge)")
 
-    train = _subset(load_dataset("fashion-mnist", split="train"), args.train_limit, SEED)
-    test = _subset(load_dataset("fashion-mnist", split="test"), args.test_limit, SEED + 1)
+    train = subset(load_dataset("fashion-mnist", split="train"), args.train_limit, SEED)
+    test = subset(load_dataset("fashion-mnist", split="test"), args.test_limit, SEED + 1)
     ref = ModelRef.of("resnet20", num_classes=10, input_shape=(1, 28, 28))
     settings = LoopSettings(rounds=args.rounds, clients_per_round=PER_ROUND, seed=SEED, eval_every=args.eval_every,
                             lr=0.05, lr_final=0.005)

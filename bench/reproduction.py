@@ -24,12 +24,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import run_method  # noqa: E402
 
-from edgefl.cli.emulate_cmd import _subset  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
-from edgefl.coordinator import LoopSettings  # noqa: E402
-from edgefl.data import load_dataset, parse_partition  # noqa: E402
+from edgefl.data import (  # noqa: E402
+    load_dataset,
+    parse_partition,
+    subset,  # noqa: E402  (the subset `edgefl emulate --train-limit` takes)
+)
 from edgefl.fleet import Fleet, parse_fleet  # noqa: E402
 from edgefl.hardware import load_profile  # noqa: E402
-from edgefl.strategies import PlanContext  # noqa: E402
+from edgefl.planning.strategies import PlanContext  # noqa: E402
+from edgefl.server.coordinator import LoopSettings  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
 TIE = 0.01
@@ -170,8 +173,8 @@ def main(study: Study, description: str, argv=None) -> None:
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
         return
-    train = _subset(load_dataset(args.data, split="train"), args.train_limit, args.seed)
-    test = _subset(load_dataset(args.data, split="test"), args.test_limit, args.seed + 1)
+    train = subset(load_dataset(args.data, split="train"), args.train_limit, args.seed)
+    test = subset(load_dataset(args.data, split="test"), args.test_limit, args.seed + 1)
     ref = ModelRef.of(study.model, num_classes=10, input_shape=(1, 28, 28))
     settings = {**study.settings, "rounds": args.rounds, "partition": args.partition, "train_limit": args.train_limit,
                 "test_limit": args.test_limit, "runtime": args.runtime, "seed": args.seed, "devices": study.devices,

@@ -1,5 +1,5 @@
-"""Who may touch which topics: the per-device ACL of the v1 topic scheme (ARCHITECTURE.md, "MQTT topics
-(v1)"), written as a mosquitto `acl_file` and read back by the embedded broker, with MQTT's matching rules.
+"""Who may touch which topics: the per-device ACL of the v1 topic scheme (edgefl.topics grants each login its
+filters), written as a mosquitto `acl_file` and read back by the embedded broker, with MQTT's matching rules.
 
 A device writes only under its own `up/` and its presence topic (its last will), and reads only its own
 `down/`, the broadcast topics and its own group's `group/<group>/` (what the coordinator publishes once for
@@ -10,16 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from edgefl import topics
 from edgefl.errors import ConfigError
 
 COORDINATOR = "coordinator"
-ROOT = "fl/v1"
 ACCESS = ("read", "write", "readwrite")
-# '/', '+' and '#' are topic syntax, ':' separates the password file's fields, whitespace splits the ACL
-# file's fields, '$' opens the broker's own topics; control characters have no place in any of them.
-_SYNTAX = "/+#:$"
-# MQTT strings hold at most 65535 UTF-8 bytes, and a topic carries the id plus a 64-hex artifact id
-_MAX_ID_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -31,40 +26,16 @@ class Rule:
         return self.access in (access, "readwrite")
 
 
-def check_client_id(client_id: str) -> str:
-    """A device id must be usable as an MQTT username and as one topic level."""
-    bad = next((c for c in client_id if c in _SYNTAX or c.isspace() or not c.isprintable()), None)
-    if not client_id or bad or len(client_id) > _MAX_ID_CHARS:
-        what = f"contains {bad!r}" if bad else "is empty or too long"
-        raise ConfigError(f"device {client_id!r}: {what}, which MQTT topics, the ACL or the password file cannot "
-                          "hold; rename it (in fleet.yaml: the group name or its ids) using letters, digits, "
-                          "'-', '_' and '.'")
-    return client_id
-
-
-def check_group_name(group: str) -> str:
-    """A group name is one topic level of its shared topics (fl/v1/group/<group>/)."""
-    bad = next((c for c in group if c in _SYNTAX or c.isspace() or not c.isprintable()), None)
-    if not group or bad or len(group) > _MAX_ID_CHARS:
-        what = f"contains {bad!r}" if bad else "is empty or too long"
-        raise ConfigError(f"group {group!r}: {what}, which MQTT topics cannot hold; rename the group in fleet.yaml "
-                          "using letters, digits, '-', '_' and '.'")
-    return group
-
-
 def device_rules(device_id: str, group: Optional[str] = None) -> tuple[Rule, ...]:
-    dev = f"{ROOT}/dev/{device_id}"
-    shared = (Rule("read", f"{ROOT}/group/{check_group_name(group)}/#"),) if group is not None else ()
-    return (Rule("write", f"{dev}/up/#"), Rule("write", f"{ROOT}/presence/{device_id}"),
-            Rule("read", f"{dev}/down/#"), Rule("read", f"{ROOT}/broadcast/#")) + shared
+    return tuple(Rule(access, topic) for access, topic in topics.device_grants(device_id, group))
 
 
 def fleet_acl(device_ids: list[str], groups: Optional[Mapping[str, str]] = None) -> dict[str, tuple[Rule, ...]]:
     """username -> rules: the coordinator first, then every device, in fleet order. `groups`: device -> its
     group, whose shared topics it may read."""
-    acl = {COORDINATOR: (Rule("readwrite", f"{ROOT}/#"),)}
+    acl = {COORDINATOR: (Rule("readwrite", topics.COORDINATOR_GRANT),)}
     for device_id in device_ids:
-        check_client_id(device_id)
+        topics.check_device_id(device_id)
         if device_id in acl:
             raise ConfigError(f"device {device_id!r}: the name is taken by the coordinator's own login "
                               f"(or listed twice); rename the device")
@@ -99,35 +70,10 @@ def parse_acl(text: str, where: str = "acl") -> dict[str, tuple[Rule, ...]]:
     return {u: tuple(rules) for u, rules in acl.items()}
 
 
-def topic_matches(pattern: str, topic: str) -> bool:
-    """MQTT filter matching: '+' is one level, a trailing '#' any number (zero included); wildcards never
-    match a first level starting with '$'."""
-    if topic.startswith("$") and pattern[:1] in ("+", "#"):
-        return False
-    p, t = pattern.split("/"), topic.split("/")
-    for i, level in enumerate(p):
-        if level == "#":
-            return True
-        if i >= len(t) or (level != "+" and level != t[i]):
-            return False
-    return len(p) == len(t)
-
-
-def filter_covered(pattern: str, subscription: str) -> bool:
-    """True when every topic `subscription` can match is also matched by `pattern`."""
-    p, s = pattern.split("/"), subscription.split("/")
-    for i, level in enumerate(p):
-        if level == "#":
-            return True
-        if i >= len(s) or s[i] == "#" or (level != "+" and level != s[i]):
-            return False
-    return len(p) == len(s)
-
-
 def permits(rules: tuple[Rule, ...], access: str, topic: str) -> bool:
     """May a client with `rules` publish to (write) or receive from (read) `topic`?"""
-    return any(r.allows(access) and topic_matches(r.topic, topic) for r in rules)
+    return any(r.allows(access) and topics.matches(r.topic, topic) for r in rules)
 
 
 def may_subscribe(rules: tuple[Rule, ...], subscription: str) -> bool:
-    return any(r.allows("read") and filter_covered(r.topic, subscription) for r in rules)
+    return any(r.allows("read") and topics.filter_covered(r.topic, subscription) for r in rules)

@@ -1,15 +1,15 @@
-"""One login per device and one for the coordinator, kept in `credentials/<id>.json` as
-`{"username": ..., "password": ...}` (mode 0600) — the file `--credentials` of the coordinator and of
-`edgefl-device` reads. Re-running keeps every existing password unless asked to rotate: a device already
-provisioned must not be locked out by a config change."""
+"""One login per device and one for the coordinator, kept in `credentials/<id>.json` (edgefl.credentials:
+the file `--credentials` of the coordinator and of `edgefl-device` reads), mode 0600. Re-running keeps
+every existing password unless asked to rotate: a device already provisioned must not be locked out by a
+config change."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgefl.broker.files import write_file
 from edgefl.broker.passwords import new_password
+from edgefl.credentials import Credentials, read_credentials
 from edgefl.errors import ConfigError
 
 
@@ -19,20 +19,6 @@ class CredentialChanges:
     kept: list[str] = field(default_factory=list)
     rotated: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)   # files of ids no longer in the fleet: their login is revoked
-
-
-def read_credentials(path: Path) -> dict[str, str]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the credentials file ({exc.strerror})") from None
-    except ValueError:
-        data = None
-    if (not isinstance(data, dict) or set(data) != {"username", "password"}
-            or not all(isinstance(v, str) and v for v in data.values())):
-        raise ConfigError(f"{path}: expected a JSON object with exactly the string keys 'username' and 'password'; "
-                          "restore it from a backup, or delete it to issue this device a new password")
-    return data
 
 
 def sync_credentials(folder: Path, users: list[str], rotate: bool) -> tuple[dict[str, str], CredentialChanges]:
@@ -45,15 +31,15 @@ def sync_credentials(folder: Path, users: list[str], rotate: bool) -> tuple[dict
         path = folder / f"{user}.json"
         if path.exists() and not rotate:
             stored = read_credentials(path)
-            if stored["username"] != user:
-                raise ConfigError(f"{path}: holds the login of {stored['username']!r}, not {user!r}; "
+            if stored.username != user:
+                raise ConfigError(f"{path}: holds the login of {stored.username!r}, not {user!r}; "
                                   "delete it to issue this device a new password")
-            passwords[user] = stored["password"]
+            passwords[user] = stored.password
             changes.kept.append(user)
             continue
         (changes.rotated if path.exists() else changes.new).append(user)
         passwords[user] = new_password()
-        write_file(path, json.dumps({"username": user, "password": passwords[user]}, indent=2) + "\n", private=True)
+        write_file(path, Credentials(user, passwords[user]).to_json(), private=True)
     listed = set(users)
     for path in sorted(folder.glob("*.json")):
         if path.stem not in listed:

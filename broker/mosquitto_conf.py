@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgefl.broker.acl import ROOT
 from edgefl.errors import ConfigError
+from edgefl.topics import ROOT
 from edgefl.units import format_bytes
 
 CHUNK_BYTES = 2**20             # the transport's artifact chunk (ARCHITECTURE.md, "MQTT topics (v1)")

@@ -29,14 +29,14 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from edgefl.errors import ConfigError, EdgeflError
-from edgefl.manifest import ArtifactSet, unflatten
-from edgefl.messages import DeviceReport
 from edgefl.device_runtime.child import run_child, run_process
 from edgefl.device_runtime.local_data import ModelInput, check_labels, check_layout, open_local_data
 from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
-from edgefl.transport.envelopes import Unreadable
+from edgefl.errors import ConfigError, EdgeflError
+from edgefl.manifest import ArtifactSet, unflatten
+from edgefl.messages import DeviceReport
+from edgefl.protocol.envelopes import Unreadable
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
 
@@ -63,7 +63,7 @@ class DeviceAgent:
         """What the device announces: the coordinator's view of who is online with what."""
         import psutil
 
-        from edgefl.device_runtime.cli import device_info
+        from edgefl.device_runtime.info import device_info
 
         info = device_info()
         return {"runtime": self.runtime, "memory_bytes": self.memory_bytes, "ram_bytes": psutil.virtual_memory().total,
@@ -156,7 +156,7 @@ class DeviceAgent:
         report.status, report.examples = "ok", r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
         report.tensors = unflatten(suffix.trainable, buffer)
-        # what calibration checks against the plan (edgefl.calibrate): the batch trained and how data was read
+        # what calibration checks against the plan (edgefl.cost.calibrate): the batch trained and how data was read
         report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"], torch_loaded=r["torch_loaded"],
                               trainer=r.get("trainer", "python"), batch_size=r["batch_size"], data_read=r["data_read"])
         return report, suffix.trainable

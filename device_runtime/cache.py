@@ -12,8 +12,8 @@ from typing import Optional
 
 from edgefl.errors import ArtifactError
 from edgefl.manifest import sha256_file
-from edgefl.transport.chunks import ChunkManifest
-from edgefl.transport.topics import is_sha256
+from edgefl.protocol.chunks import ChunkManifest
+from edgefl.topics import is_sha256
 
 
 class ArtifactCache:

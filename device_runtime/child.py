@@ -1,7 +1,7 @@
 """Run one piece of device work in a fresh child process and measure it from outside.
 
 The child gets the allocator policy the cost model is calibrated for (glibc's mmap threshold fixed at
-128 KiB through MALLOC_MMAP_THRESHOLD_, read by glibc at process start; edgefl.measure says why) and
+128 KiB through MALLOC_MMAP_THRESHOLD_, read by glibc at process start; edgefl.cost.measure says why) and
 one thread per core it is given. The parent reads the child's peak RSS from the kernel (wait4's
 ru_maxrss) as well, so a child that dies mid-step, killed for memory, still has a measured peak.
 
@@ -23,10 +23,10 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from edgefl.errors import EdgeflError
 from edgefl.device_runtime.memcap import MemoryCap
+from edgefl.errors import EdgeflError
 
-MMAP_THRESHOLD = 128 * 1024     # edgefl.measure.MMAP_THRESHOLD: the policy the torch constants are fitted under
+MMAP_THRESHOLD = 128 * 1024     # edgefl.cost.measure.MMAP_THRESHOLD: the policy the torch constants are fitted under
 
 
 @dataclass

@@ -1,38 +1,14 @@
-"""`edgefl-device`: the command a device operator runs. `info` reports what this device offers edgefl
-(memory, cores, architecture, which training runtimes are installed) without importing any of them."""
+"""`edgefl-device`: the command a device operator runs: `run` (join a coordinator), `train` (one set, no
+coordinator), `info` (edgefl.device_runtime.info) and `build-native`."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import platform
 import sys
 
-import psutil
-
 from edgefl.device_runtime import run_cmd, train_cmd
+from edgefl.device_runtime.info import device_info, version
 from edgefl.errors import EdgeflError
-
-RUNTIME_MODULES = {"ort": "onnxruntime", "executorch": "executorch", "torch": "torch"}
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def device_info() -> dict:
-    from edgefl.device_runtime.native import find_trainer
-
-    mem = psutil.virtual_memory()
-    native = find_trainer()
-    runtimes = {name: _installed(module) for name, module in RUNTIME_MODULES.items()}
-    runtimes["executorch"] = runtimes["executorch"] or native is not None   # the native trainer needs no package
-    return {"machine": platform.machine(), "system": platform.system(), "python": platform.python_version(),
-            "cpu_count": psutil.cpu_count(logical=True), "ram_bytes": mem.total, "available_bytes": mem.available,
-            "runtimes": runtimes, "native_trainer": str(native) if native else None}
 
 
 def _build_native(args) -> int:
@@ -44,16 +20,6 @@ def _build_native(args) -> int:
                           log=lambda line: print(line, flush=True))
     print(f"built {binary}")
     return 0
-
-
-def version() -> str:
-    """The installed edgefl distribution's version (pyproject.toml's, the one source of it)."""
-    from importlib.metadata import PackageNotFoundError, version as installed
-
-    try:
-        return installed("edgefl")
-    except PackageNotFoundError:
-        return "unknown (edgefl is not installed; pip install edgefl)"
 
 
 class _Version(argparse.Action):

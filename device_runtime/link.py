@@ -39,15 +39,16 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from edgefl import topics
+from edgefl.device_runtime.cache import ArtifactCache
 from edgefl.errors import ArtifactError, ReportRejected, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest, TensorEntry
 from edgefl.messages import DeviceReport
-from edgefl.transport import envelopes, topics
-from edgefl.transport.chunks import CHUNK_SIZE, WINDOW, ChunkManifest
-from edgefl.transport.envelopes import Assignment, Unreadable
-from edgefl.transport.tensors import pack, unpack
-from edgefl.transport.wire import Traffic, Wire, log
-from edgefl.device_runtime.cache import ArtifactCache
+from edgefl.protocol import envelopes
+from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW, ChunkManifest
+from edgefl.protocol.envelopes import Assignment, Unreadable
+from edgefl.protocol.tensors import pack, unpack
+from edgefl.protocol.wire import Traffic, Wire, log
 
 _CLOSED, _RECONNECTED = "closed", "reconnected"
 

@@ -250,3 +250,14 @@ def check_values(x: Rows, y: Rows, classes: Optional[int] = None) -> None:
                 raise ConfigError(f"{x.name}: example {first + int(np.argmin(finite))} holds NaN or infinity; "
                                   "fix or drop it before training")
     check_labels(y, classes)
+
+
+def load_data(path: Path, artifacts) -> tuple:
+    """The local data at `path`, checked against the artifact set (an edgefl.manifest.ArtifactSet) before
+    anything trains on it, read a batch at a time (edgefl.device_runtime.local_data): x as the model
+    input's dtype, y one entry per example."""
+    x, y = open_local_data(path)
+    model = ModelInput.of(artifacts)
+    check_layout(x, y, model)
+    check_values(x, y, model.classes)
+    return x.astype(model.dtype), y

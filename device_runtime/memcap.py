@@ -13,7 +13,6 @@ the child's pid and that tie.
 """
 from __future__ import annotations
 
-import os
 import shlex
 import uuid
 from pathlib import Path

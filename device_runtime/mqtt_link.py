@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from edgefl.errors import TransportError
-from edgefl.transport import envelopes, topics
-from edgefl.transport.mqtt_wire import MqttWire
-from edgefl.transport.wire import log
+from edgefl import topics
 from edgefl.device_runtime.link import DeviceLink
+from edgefl.errors import TransportError
+from edgefl.protocol import envelopes
+from edgefl.protocol.mqtt_wire import MqttWire
+from edgefl.protocol.wire import log
 
 LOST = "its connection was lost (last will)"   # what its presence says when the broker sends the will
 

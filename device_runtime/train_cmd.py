@@ -3,7 +3,7 @@ on a freshly flashed device), and report loss before and after, trained-tensor b
 
 The training runs in a fresh child process so its peak RSS (VmHWM) is the training's own, measured under
 the allocator policy the cost model is calibrated for: glibc's mmap threshold fixed at 128 KiB through
-MALLOC_MMAP_THRESHOLD_ in the child's environment (read by glibc at start; edgefl.measure documents why).
+MALLOC_MMAP_THRESHOLD_ in the child's environment (read by glibc at start; edgefl.cost.measure documents why).
 For the ort runtime the child blocks torch from import, so nothing can pull it in unseen.
 
 Data: a folder holding x.npy and y.npy, or an .npz holding arrays x and y (`edgefl data export` writes
@@ -20,8 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from edgefl.device_runtime.child import MMAP_THRESHOLD  # edgefl.measure's policy (a test checks they agree)
-from edgefl.device_runtime.worker import vm_status
+from edgefl.device_runtime.child import MMAP_THRESHOLD  # edgefl.cost.measure's policy (a test checks they agree)
+from edgefl.device_runtime.local_data import load_data
+from edgefl.device_runtime.peaks import PhasePeaks, vm_status
 from edgefl.errors import ConfigError
 
 
@@ -40,40 +41,6 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-examples", type=int, default=256,
                    help="examples the loss before/after is measured on (0: skip, peak RSS of training alone)")
     p.add_argument("--format", choices=("table", "json"), default="table")
-
-
-def load_data(path: Path, artifacts) -> tuple:
-    """The local data at `path`, checked against the artifact set (an edgefl.manifest.ArtifactSet) before
-    anything trains on it, read a batch at a time (edgefl.device_runtime.local_data): x as the model
-    input's dtype, y one entry per example."""
-    from edgefl.device_runtime.local_data import ModelInput, check_layout, check_values, open_local_data
-
-    x, y = open_local_data(path)
-    model = ModelInput.of(artifacts)
-    check_layout(x, y, model)
-    check_values(x, y, model.classes)
-    return x.astype(model.dtype), y
-
-
-class PhasePeaks:
-    """The peak RSS of each phase of a round (load, train, upload), by resetting VmHWM after each (Linux >= 4.0:
-    /proc/self/clear_refs); the process's peak is the largest. Once a reset is refused, the later phases' own
-    peaks are not known (None); the whole peak still is."""
-
-    def __init__(self) -> None:
-        self.peaks: dict[str, int | None] = {}
-        self.whole = 0
-        self.split = True
-
-    def end(self, phase: str) -> None:
-        peak = vm_status("VmHWM")
-        self.whole = max(self.whole, peak)
-        self.peaks[phase] = peak if self.split else None
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            self.split = False
 
 
 def train(args: argparse.Namespace) -> dict:

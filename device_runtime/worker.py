@@ -23,14 +23,9 @@ from pathlib import Path
 import numpy as np
 
 
-def vm_status(field: str) -> int:
-    """A /proc/self/status memory field (VmHWM, VmRSS) in bytes."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
 def train(spec: dict) -> dict:
-    from edgefl.device_runtime.train_cmd import load_data
+    from edgefl.device_runtime.local_data import load_data
+    from edgefl.device_runtime.peaks import vm_status
     from edgefl.device_runtime.trainers.base import open_trainer
 
     t0 = time.perf_counter()

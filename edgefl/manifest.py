@@ -37,10 +37,10 @@ Dim = int | str          # a symbolic dimension ("batch", "batch*tokens") where 
 
 
 try:   # Python's own SHA-256: hashlib's OpenSSL backend costs a device process ~3.7 MB of RSS
-    from _sha2 import sha256 as _sha256            # Python >= 3.12
+    from _sha2 import sha256 as _sha256  # Python >= 3.12
 except ImportError:
     try:
-        from _sha256 import sha256 as _sha256      # Python 3.10, 3.11
+        from _sha256 import sha256 as _sha256  # Python 3.10, 3.11
     except ImportError:
         from hashlib import sha256 as _sha256
 
@@ -71,7 +71,7 @@ class IOSpec:
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """A tensor the artifact holds: its global name (edgefl.submodel), the runtime's own name for it,
+    """A tensor the artifact holds: its global name (edgefl.server.submodel), the runtime's own name for it,
     and how it changes in training (parameter, statistic, counter)."""
     name: str
     local: str

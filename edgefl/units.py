@@ -1,4 +1,4 @@
-"""Parse and print quantities: bytes, FLOPs, watts, bit rates.
+"""Parse and print quantities: bytes, FLOPs, watts, bit rates; and lists of names, cut to a few.
 
 Decimal prefixes (k, M, G, T) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers of 1024,
 as in IEC 80000-13. A bare number is taken in the base unit.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Iterable
 
 _PREFIX = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
@@ -103,3 +104,10 @@ def _format(n: float, units: tuple[tuple[str, float], ...]) -> str:
 def _three_digits(value: float) -> str:
     text = f"{value:.3g}"
     return f"{value:.0f}" if "e" in text else text
+
+
+def listing(items: Iterable[str], shown: int = 5) -> str:
+    """'a, b, c' or 'a, b, c and 4 more': a cut list says how much it left out."""
+    items = list(items)
+    head = ", ".join(items[:shown])
+    return f"{head} and {len(items) - shown} more" if len(items) > shown else head

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from edgefl.calibration import DEFAULTS
+from edgefl.cost.constants import DEFAULTS
 from edgefl.export.backend import Backend, PrefixFiles, SuffixFiles
 from edgefl.export.executorch_program import PREFIX, prefix_program, training_program
 from edgefl.manifest import IOSpec, Manifest

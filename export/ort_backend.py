@@ -19,10 +19,10 @@ variance into torch's unbiased one.
 from __future__ import annotations
 
 import io
-from contextlib import contextmanager
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np

@@ -23,12 +23,12 @@ from typing import Mapping, Optional
 
 import torch
 
-from edgefl.calibration import DEFAULTS
+from edgefl.cost.constants import DEFAULTS
 from edgefl.errors import ConfigError
 from edgefl.export.backend import Backend
 from edgefl.export.split import Split, split
 from edgefl.manifest import PREFIX_DIR, ArtifactSet, Manifest, TensorEntry
-from edgefl.submodel import IndexSets, entries, extract, index_sets
+from edgefl.server.submodel import IndexSets, entries, extract, index_sets
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef
 
@@ -38,9 +38,9 @@ def _np_dtype(t: torch.Tensor) -> str:
 
 
 def predicted_cost(ref: ModelRef, config: TrainConfig, runtime: str, store=None) -> dict:
-    """The cost model's prediction for `config` on `runtime` (edgefl.cost), as JSON."""
-    from edgefl.cost import config_cost
-    from edgefl.profile import ProfileStore
+    """The cost model's prediction for `config` on `runtime` (edgefl.cost.model), as JSON."""
+    from edgefl.cost.model import config_cost
+    from edgefl.cost.profile_store import ProfileStore
 
     return config_cost(store or ProfileStore(), ref, config, runtime).to_json()
 

@@ -14,10 +14,10 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
+from edgefl.cost.profile_store import ProfileStore
 from edgefl.export.backend import Backend
 from edgefl.export.pipeline import PrefixCache, export_set, predicted_cost
-from edgefl.plan import Plan
-from edgefl.profile import ProfileStore
+from edgefl.planning.plan import Plan
 from edgefl.trainconfig import TrainConfig
 
 INDEX_SCHEMA = "edgefl.export-index/1"

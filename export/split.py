@@ -1,8 +1,8 @@
 """Split a device model at its frozen prefix: the modules every backend exports (imports torch).
 
-`split(ref, config, global_state, indices)` builds the device model (edgefl.submodel.device_model: the
+`split(ref, config, global_state, indices)` builds the device model (edgefl.server.submodel.device_model: the
 config's widths, layers [0, end), the auxiliary head as `aux`), loads the device's slice of the global
-state (edgefl.submodel.extract) and returns
+state (edgefl.server.submodel.extract) and returns
 
 * `prefix`: layers [0, frozen_prefix) in eval mode with requires_grad off, `prefix(x)` -> boundary
   state; None when nothing is frozen;
@@ -10,7 +10,7 @@ state (edgefl.submodel.extract) and returns
   (mean cross-entropy, logits flattened to (rows, classes)); parameters it holds but never trains (a
   low-rank config's base weights) have requires_grad off. Its state_dict keys are the device model's
   ('layers.<i>.*' under the model's own layer index, 'aux.*'), so `names` (device key -> global key,
-  from edgefl.submodel.entries) maps them to global names.
+  from edgefl.server.submodel.entries) maps them to global names.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edgefl.submodel import IndexSets, device_model, entries, extract
+from edgefl.server.submodel import IndexSets, device_model, entries, extract
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef
 

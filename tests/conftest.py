@@ -16,7 +16,7 @@ os.environ.setdefault("EDGEFL_DEVICE_HOME", os.path.join(tempfile.gettempdir(), 
 
 @pytest.fixture(scope="session")
 def store():
-    from edgefl.profile import ProfileStore
+    from edgefl.cost.profile_store import ProfileStore
     return ProfileStore()
 
 

@@ -1,7 +1,7 @@
 """A two-group fleet for emulation tests whose small group's budget comes from the cost model, so the
 fleet keeps its shape when the model's constants move."""
 from edgefl.fleet import parse_fleet
-from edgefl.strategies import PlanContext
+from edgefl.planning.strategies import PlanContext
 from edgefl.zoo import ModelRef
 
 CNN = ModelRef.of("cnn")

@@ -28,13 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
+from edgefl import topics
 from edgefl.device_runtime.mqtt_link import MqttLink
 from edgefl.manifest import Manifest
 from edgefl.messages import DeviceReport
-from edgefl.transport import envelopes, topics
-from edgefl.transport.chunks import CHUNK_SIZE
-from edgefl.transport.mqtt_wire import MqttWire
-from edgefl.transport.tensors import pack
+from edgefl.protocol import envelopes
+from edgefl.protocol.chunks import CHUNK_SIZE
+from edgefl.protocol.mqtt_wire import MqttWire
+from edgefl.protocol.tensors import pack
 
 SET_ROLE = "set"        # edgefl.device_runtime.agent.SET_ROLE
 INTRUDER = "intruder"

@@ -3,7 +3,7 @@
 `measured(objective, measure)` measures the first batch's loss computation: the bytes of the unique
 storages autograd keeps for backward (`saved_tensors_hooks`, deduplicated by storage, storages of weights
 and buffers of every module the objective trains excluded) — the definition of
-edgefl.measure.measure_activation_bytes and of the profiler the cost model is built from — and hands
+edgefl.cost.measure.measure_activation_bytes and of the profiler the cost model is built from — and hands
 them to `measure`, which may raise OutOfMemory to fail the round as a real out-of-memory kill would.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ class _Measured:
             if storage.data_ptr() not in weights and t.device.type != "meta":
                 sizes[storage.data_ptr()] = storage.nbytes()
             # the graph keeps it alive until backward, so no address is reused meanwhile; a detached alias,
-            # as in edgefl.measure: handing back `t` itself can close a reference cycle through its grad_fn
+            # as in edgefl.cost.measure: handing back `t` itself can close a reference cycle through its grad_fn
             return t.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

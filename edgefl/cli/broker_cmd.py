@@ -16,7 +16,7 @@ broker_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup
 
 def _largest_transfer(plan_path: Path, fleet) -> Optional[int]:
     """The most bytes any device of the plan sends or receives in one round."""
-    from edgefl.plan import Plan, verify
+    from edgefl.planning.plan import Plan, verify
 
     plan = verify(Plan.read(plan_path), fleet)
     sizes = [max(s.predicted.upload_bytes, s.predicted.download_bytes)

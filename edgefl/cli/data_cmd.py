@@ -27,7 +27,7 @@ def export_share(
     """Write one client's examples (x.npy, y.npy) and where they came from (share.json)."""
     import numpy as np
 
-    from edgefl.cli.main import stdout
+    from edgefl.cli.console import stdout
     from edgefl.data import load_dataset, parse_partition
 
     spec = parse_partition(partition)

@@ -1,7 +1,6 @@
 """`edgefl emulate`: plan a fleet, then train it end to end on this machine (CPU or CUDA)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from contextlib import contextmanager
@@ -61,22 +60,11 @@ def _round_display(console, rounds: int):
                                         if record.accuracy is not None else "")
 
 
-def _subset(dataset, limit: Optional[int], seed: int):
-    """The first `limit` examples of a seeded permutation (a reproducible subset)."""
-    if limit is None or limit >= len(dataset.y):
-        return dataset
-    import numpy as np
-    keep = np.sort(np.random.default_rng(seed).permutation(len(dataset.y))[:limit])
-    groups = dataset.groups[keep] if getattr(dataset, "groups", None) is not None else None
-    return dataclasses.replace(dataset, x=dataset.x[keep], y=dataset.y[keep],
-                               **({"groups": groups} if groups is not None else {}))
-
-
 def _pretrained_ref(root: Path, depths: Optional[list[int]], train, strategy):
     """The transformer of the pretrained set to start from: the first of --layers, else the deepest; CAFF
     chooses among --layers (default: every depth in the set)."""
-    from edgefl.pretrain import available
     from edgefl.zoo import ModelRef
+    from edgefl.zoo.pretrained import available
 
     found = available(root)
     if missing := sorted(set(depths or ()) - set(found)):
@@ -103,8 +91,8 @@ def _engine(engine: str, address: Optional[str], ref, device: str):
         from edgefl.transport.memory import InMemoryTransport
         yield InMemoryTransport
         return
-    from edgefl.cli.main import stdout
-    from edgefl.cli.ray_engine import ray_engine
+    from edgefl.cli.console import stdout
+    from edgefl.engines.ray import ray_engine
     with ray_engine(address, ref, device) as ray:
         stdout.print(ray.describe(), markup=False, highlight=False)
         yield ray
@@ -147,17 +135,17 @@ def emulate(
                                                                   "(default: start Ray on this machine)"),
 ):
     """Train the whole fleet in one process (or a Ray cluster's actors), each virtual device held to its budget."""
-    from edgefl.cli.main import stdout
+    from edgefl.cli.console import stdout
     from edgefl.cli.options import model_ref, parse_int_list
-    from edgefl.coordinator import LoopSettings
-    from edgefl.data import load_dataset, parse_partition
+    from edgefl.data import load_dataset, parse_partition, subset
+    from edgefl.data.shares import device_shares
     from edgefl.device_runtime.trainers.torch_trainer import resolve_device
-    from edgefl.cli.emulation import emulate as run_emulation
+    from edgefl.engines.local import emulate as run_emulation
     from edgefl.fleet import load_fleet
-    from edgefl.history import write_history
-    from edgefl.plan import verify
-    from edgefl.shares import device_shares
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.plan import verify
+    from edgefl.planning.strategies import PlanContext, get_strategy
+    from edgefl.server.coordinator import LoopSettings
+    from edgefl.server.history import write_history
 
     resolve_device(device)  # fail before any work when CUDA is asked for and absent
     if engine not in ("local", "ray"):
@@ -165,7 +153,7 @@ def emulate(
     if address is not None and engine != "ray":
         raise ConfigError("--address: it names a Ray cluster; add --engine ray")
     if engine == "ray":   # missing Ray or no cluster at --address fail here, not after the data loads
-        from edgefl.cli.ray_engine import check_address
+        from edgefl.engines.ray import check_address
         from edgefl.transport.ray_transport import import_ray
         import_ray()
         if address is not None:
@@ -177,10 +165,10 @@ def emulate(
     parse_partition(partition)   # a bad partition fails before the data loads
     options = {}
     if pretrained is not None:
-        from edgefl.pretrain import fine_tuning_data_options
+        from edgefl.zoo.pretrained import fine_tuning_data_options
         options = fine_tuning_data_options(pretrained, dataset)
-    train = _subset(load_dataset(dataset, root=data_root, split="train", **options), train_limit, seed)
-    test = _subset(load_dataset(dataset, root=data_root, split="test", **options), test_limit, seed + 1)
+    train = subset(load_dataset(dataset, root=data_root, split="train", **options), train_limit, seed)
+    test = subset(load_dataset(dataset, root=data_root, split="test", **options), test_limit, seed + 1)
     if input_shape is None and model != "transformer" and train.x.ndim == 4:
         input_shape = ",".join(str(d) for d in train.x.shape[1:])
     if classes is None and model != "transformer":
@@ -200,7 +188,7 @@ def emulate(
 
     initial = None
     if pretrained is not None:
-        from edgefl.pretrain import load_pretrained
+        from edgefl.zoo.pretrained import load_pretrained
         initial = load_pretrained(pretrained, ref)
     make_output(output, force)
     (output / "config.json").write_text(json.dumps({

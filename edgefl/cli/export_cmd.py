@@ -62,10 +62,10 @@ def export(
     """Export each distinct config of a plan as a self-contained artifact set and print the artifact table."""
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from edgefl.cli.main import stdout
+    from edgefl.cli.console import stdout
     from edgefl.export.backends import get_backend
     from edgefl.export.plan_export import export_plan
-    from edgefl.plan import Plan
+    from edgefl.planning.plan import Plan
 
     if fmt not in ("table", "json"):
         raise ConfigError(f"--format: expected table or json, got {fmt!r}")

@@ -24,8 +24,8 @@ from typing import Optional
 
 import typer
 
-from edgefl.cli.run_view import listing
 from edgefl.errors import ConfigError, EdgeflError
+from edgefl.units import listing
 
 STOP_GRACE_S = 30.0    # after SIGTERM, for every agent together: a clean goodbye (presence, DISCONNECT)
 
@@ -35,14 +35,13 @@ fleet_app = typer.Typer(no_args_is_help=True, help="run a fleet of device agents
 def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, train_limit: Optional[int] = None,
                   data_root: Optional[Path] = None) -> dict[str, Path]:
     """Each device's share of the training split as DIR/<device>/{x,y}.npy, split as emulation splits it
-    (edgefl.shares: cut to its group's `examples:`)."""
+    (edgefl.data.shares: cut to its group's `examples:`)."""
     import numpy as np
 
-    from edgefl.cli.emulate_cmd import _subset
-    from edgefl.data import load_dataset
-    from edgefl.shares import device_shares
+    from edgefl.data import load_dataset, subset
+    from edgefl.data.shares import device_shares
 
-    train = _subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
+    train = subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
     out = {}
     for device, idx in sorted(device_shares(fleet, train, partition, seed, source=dataset).items()):
         d = folder / device
@@ -92,9 +91,9 @@ def up(
     """Start one device agent per device of the fleet; stop them all on Ctrl-C."""
     from rich.markup import escape
 
-    from edgefl.cli.main import stdout
+    from edgefl.cli.console import stdout
     from edgefl.fleet import load_fleet
-    from edgefl.transport.mqtt_config import check_ca_file, parse_broker_url
+    from edgefl.protocol.broker_address import check_ca_file, parse_broker_url
 
     fleet = load_fleet(devices)
     ids = [d for g in fleet.groups for d in g.device_ids]

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
-from edgefl.cli.run_view import STATUS_FILE, STATUS_SCHEMA, clock, device_lines, header, listing, round_line
-from edgefl.units import format_bytes
+from edgefl.cli.console import STATUS_FILE, STATUS_SCHEMA, clock, device_lines, header, round_line
+from edgefl.units import format_bytes, listing
 
 
 class LiveView:

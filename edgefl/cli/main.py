@@ -8,14 +8,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from edgefl.cli.console import stdout
 from edgefl.errors import ConfigError, EdgeflError, InfeasiblePlanError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Federated learning that fits every device's memory budget.")
-# piped output is not wrapped at rich's 80-column default: tables stay one row per step
-stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
 class Format(str, Enum):
@@ -51,12 +49,12 @@ def plan(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="write plan.json here"),
 ):
     """Plan per device group and round: frozen prefix, trained layers, head width, predicted cost."""
-    from edgefl.calibration import load_calibration
+    from edgefl.cli.console import plan_tables
     from edgefl.cli.options import model_ref, parse_int_list
-    from edgefl.cli.render import plan_tables
+    from edgefl.cost.constants import load_calibration
     from edgefl.fleet import load_fleet
-    from edgefl.plan import verify
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.plan import verify
+    from edgefl.planning.strategies import PlanContext, get_strategy
 
     fleet = load_fleet(devices)
     depths = parse_int_list(layers, "--layers")
@@ -80,7 +78,7 @@ def plan(
     if calibration is not None:      # what the calibration changed, and why, in the plan's own notes
         from dataclasses import replace
 
-        from edgefl.calibrate import calibration_notes, plan_changes
+        from edgefl.cost.calibrate import calibration_notes, plan_changes
         without = strategy.plan(replace(ctx, constants=load_calibration(None), _costs={}))
         result.notes.extend(calibration_notes(calibration, ctx.constants, ref.name) + plan_changes(without, result))
     if output is not None:
@@ -114,11 +112,11 @@ def profile(
     fmt: Format = typer.Option(Format.table, "--format"),
 ):
     """Predicted (and with --measure, measured) training cost of one configuration."""
-    from edgefl.calibration import load_calibration
+    from edgefl.cli.console import cost_table
     from edgefl.cli.options import model_ref
-    from edgefl.cli.render import cost_table
-    from edgefl.cost import cost as predict
-    from edgefl.profile import ProfileStore
+    from edgefl.cost.constants import load_calibration
+    from edgefl.cost.model import cost as predict
+    from edgefl.cost.profile_store import ProfileStore
     from edgefl.trainconfig import TrainConfig
 
     ref = model_ref(model, [layers] if layers else None, classes, input_shape=input_shape)
@@ -142,7 +140,7 @@ def profile(
     if measure:
         if runtime != "torch":
             raise ConfigError("--measure: only the torch runtime is measured in-process; use --runtime torch")
-        from edgefl.measure import measure_activation_bytes, measure_peak
+        from edgefl.cost.measure import measure_activation_bytes, measure_peak
         measured = dict(measure_peak(ref, config, runtime))
         measured["activation_bytes"] = measure_activation_bytes(ref, config)
     if fmt is Format.json:
@@ -184,8 +182,8 @@ from edgefl.cli.device_cmd import device_app  # noqa: E402  (the bundle's build 
 
 app.add_typer(device_app, name="device")
 
-from edgefl.cli.export_cmd import export  # noqa: E402  (torch and the backends are imported inside)
 from edgefl.cli.data_cmd import data_app  # noqa: E402
+from edgefl.cli.export_cmd import export  # noqa: E402  (torch and the backends are imported inside)
 
 app.command()(export)
 app.add_typer(data_app, name="data")
@@ -201,7 +199,7 @@ def calibrate(
     not match their plan are refused, with the reason); the planner reads the file."""
     import json
 
-    from edgefl.calibrate import calibration_json, fit_overheads, samples_from_run
+    from edgefl.cost.calibrate import calibration_json, fit_overheads, samples_from_run
     from edgefl.units import format_bytes
 
     samples, refused = [], []
@@ -231,7 +229,7 @@ def report(
     force: bool = typer.Option(False, "--force", help="replace an earlier report at -o: none of its files remain"),
 ):
     """A static HTML page with plots and tables comparing runs."""
-    from edgefl.report import write_report
+    from edgefl.report.page import write_report
 
     stdout.print(f"report written to {write_report(runs, output, force=force)}")
 

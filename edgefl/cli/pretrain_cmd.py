@@ -1,4 +1,4 @@
-"""`edgefl pretrain`: the CAFF set of pretrained tiny language models (edgefl.pretrain), one folder per depth."""
+"""`edgefl pretrain`: the CAFF set of pretrained tiny language models (edgefl.zoo.pretrain), one folder per depth."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -56,13 +56,14 @@ def pretrain(
     """Pretrain tiny causal transformers on the public-domain corpus, for 'edgefl emulate --pretrained'."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from edgefl.cli.main import stdout
+    from edgefl.cli.console import stdout
     from edgefl.cli.options import parse_int_list
     from edgefl.data import pretrain_corpus
     from edgefl.device_runtime.trainers.torch_trainer import resolve_device
     from edgefl.errors import ConfigError
-    from edgefl.pretrain import (PretrainSettings, checkpoint_for, continuation, folder_for, model_ref,
-                                 pretrain as train_one, write)
+    from edgefl.zoo.pretrain import PretrainSettings, checkpoint_for, continuation, model_ref, write
+    from edgefl.zoo.pretrain import pretrain as train_one
+    from edgefl.zoo.pretrained import folder_for
 
     resolve_device(device)
     if patience and not eval_every:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from edgefl.errors import ConfigError, TransportError
+from edgefl.errors import TransportError
 
 
 def serve(
@@ -45,17 +45,17 @@ def serve(
                                               help="bound each device update's L2 norm (robustness to bad uploads)"),
 ):
     """Serve a plan to devices over MQTT: ship artifacts, collect measured reports, aggregate."""
-    from edgefl.cli.deployment import ArtifactShipper, DeployedServerModel, check_deployable, fleet_of
-    from edgefl.cli.emulate_cmd import _subset
-    from edgefl.cli.emulation import torch_trainer
+    from edgefl.cli.console import stdout
     from edgefl.cli.live import LiveView
-    from edgefl.cli.main import stdout
-    from edgefl.coordinator import Coordinator, LoopSettings
+    from edgefl.data import subset
+    from edgefl.engines.deployed import ArtifactShipper, DeployedServerModel, check_deployable, fleet_of
+    from edgefl.engines.local import torch_trainer
     from edgefl.export.backends import get_backend
     from edgefl.fleet import load_fleet
-    from edgefl.plan import Plan
-    from edgefl.runstate import RunState
-    from edgefl.strategies import get_strategy
+    from edgefl.planning.plan import Plan
+    from edgefl.planning.strategies import get_strategy
+    from edgefl.server.coordinator import Coordinator, LoopSettings
+    from edgefl.server.runstate import RunState
     from edgefl.transport.mqtt import MqttTransport
 
     plan = Plan.read(plan_path)
@@ -64,7 +64,7 @@ def serve(
     test = None
     if dataset is not None:
         from edgefl.data import load_dataset
-        test = _subset(load_dataset(dataset, root=data_root, split="test"), test_limit, seed + 1)
+        test = subset(load_dataset(dataset, root=data_root, split="test"), test_limit, seed + 1)
     state.mkdir(parents=True, exist_ok=True)
     plan.write(state / "plan.json")
     total = rounds or plan.rounds
@@ -115,7 +115,7 @@ def serve(
 
 def _report_online(online: dict, expected: list[str], broker: str, waited: float, console) -> None:
     """'3 of 4 devices online (not yet: ...)', counting only the fleet's devices; others connected are named."""
-    from edgefl.cli.run_view import listing
+    from edgefl.units import listing
 
     here = [d for d in expected if d in online]
     line = f"{len(here)} of {len(expected)} devices online"

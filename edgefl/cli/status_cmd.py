@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from edgefl.cli.run_view import STATUS_FILE, STATUS_SCHEMA, clock, device_lines, header, round_line
+from edgefl.cli.console import STATUS_FILE, STATUS_SCHEMA, clock, device_lines, header, round_line
 from edgefl.errors import ConfigError
 
 STALE_S = 30.0    # serve rewrites the file every few seconds: older than this, it is not running
@@ -22,7 +22,7 @@ def status(
 ):
     """Where a run stands: the round in progress per device (sent, downloading, training, reported, failed,
     offline), and the finished rounds."""
-    from edgefl.cli.main import stdout
+    from edgefl.cli.console import stdout
 
     current, history = _read(run / STATUS_FILE), _history(run)
     if current is None and history is None:
@@ -69,7 +69,7 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def _history(run: Path) -> Optional[list]:
-    from edgefl.coordinator import record_from_json
+    from edgefl.server.history import record_from_json
 
     path = run / "history.json"
     if not path.exists():
@@ -85,7 +85,8 @@ def version(
 ):
     """Federated learning that fits every device's memory budget."""
     if show:
-        from importlib.metadata import PackageNotFoundError, version as installed
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as installed
 
         try:
             print(f"edgefl {installed('edgefl')}")

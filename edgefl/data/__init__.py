@@ -3,7 +3,7 @@
 Everything reads local files; nothing is downloaded. numpy is the only import.
 """
 from edgefl.data.augment import augment
-from edgefl.data.base import Dataset, data_root
+from edgefl.data.base import Dataset, data_root, subset
 from edgefl.data.cifar import cifar
 from edgefl.data.mnist import fashion_mnist, mnist, mnist_hint
 from edgefl.data.partition import Partition, dirichlet, iid, natural, parse_partition, shards
@@ -13,5 +13,5 @@ from edgefl.data.text import IGNORE_INDEX, Corpus, decode, encode, pretrain_corp
 __all__ = [
     "Corpus", "Dataset", "IGNORE_INDEX", "Partition", "augment", "cifar", "data_root", "dataset_names",
     "decode", "dirichlet", "encode", "fashion_mnist", "iid", "load_dataset", "mnist", "mnist_hint",
-    "natural", "parse_partition", "pretrain_corpus", "shakespeare", "shards",
+    "natural", "parse_partition", "pretrain_corpus", "shakespeare", "shards", "subset",
 ]

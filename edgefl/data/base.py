@@ -1,6 +1,7 @@
 """The `Dataset` every loader returns, and where local copies of data sets live."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,17 @@ class Dataset:
 
     def __len__(self) -> int:
         return len(self.y)
+
+
+def subset(dataset: Dataset, limit: Optional[int], seed: int) -> Dataset:
+    """The first `limit` examples of a seeded permutation, in their order in `dataset` (a reproducible
+    subset: `--train-limit`, `--test-limit`); the whole of it when `limit` is None or not smaller."""
+    if limit is None or limit >= len(dataset.y):
+        return dataset
+    keep = np.sort(np.random.default_rng(seed).permutation(len(dataset.y))[:limit])
+    groups = dataset.groups[keep] if getattr(dataset, "groups", None) is not None else None
+    return dataclasses.replace(dataset, x=dataset.x[keep], y=dataset.y[keep],
+                               **({"groups": groups} if groups is not None else {}))
 
 
 def data_root() -> Path:

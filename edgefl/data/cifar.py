@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgefl.data.base import Dataset, check_split, data_root, missing, normalize as _normalize
+from edgefl.data.base import Dataset, check_split, data_root, missing
+from edgefl.data.base import normalize as _normalize
 from edgefl.errors import ConfigError
 
 _LAYOUT = {  # classes -> (folder inside the tarball, train files, test files, label key)

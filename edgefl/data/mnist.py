@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgefl.data.base import Dataset, check_split, data_root, missing, normalize as _normalize
+from edgefl.data.base import Dataset, check_split, data_root, missing
+from edgefl.data.base import normalize as _normalize
 from edgefl.data.idx import find_idx, read_idx
 from edgefl.errors import ConfigError
 

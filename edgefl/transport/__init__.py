@@ -1,6 +1,6 @@
 """Transports move instructions and weights down and reports up. The round loop talks only to this
 interface; emulation uses the in-memory one, deployment the MQTT one (`edgefl.transport.mqtt`). Both speak
-the same device protocol (`edgefl.transport.endpoint`); its topics are in `edgefl.transport.topics`."""
+the same device protocol (`edgefl.transport.endpoint`); its topics are in `edgefl.topics`."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from edgefl import topics
 from edgefl.errors import ArtifactError, TransportError
-from edgefl.transport import envelopes, topics
-from edgefl.transport.chunks import CHUNK_SIZE, WINDOW, ChunkManifest, Data, describe, read_range
-from edgefl.transport.wire import Wire, log
+from edgefl.protocol import envelopes
+from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW, ChunkManifest, Data, describe, read_range
+from edgefl.protocol.wire import Wire, log
 from edgefl.units import format_bytes
 
 _TOPIC_ROOM = 1024        # bytes of a chunk packet that are not payload (topic, header), device ids included

@@ -43,17 +43,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from edgefl import topics
 from edgefl.errors import ArtifactError, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest
 from edgefl.messages import DeviceReport, RoundInstruction
-from edgefl.transport import Transport, envelopes, topics
+from edgefl.protocol import envelopes
+from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
+from edgefl.protocol.envelopes import Assignment, TensorBlob
+from edgefl.protocol.tensors import pack
+from edgefl.protocol.wire import Wire, log
+from edgefl.transport import Transport
 from edgefl.transport.activity import Activity
 from edgefl.transport.artifact_server import ArtifactServer
-from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
-from edgefl.transport.envelopes import Assignment, TensorBlob
-from edgefl.transport.tensors import pack
 from edgefl.transport.uploads import UPLOAD_REJECTED, Upload, config_hash, declares_tensors, finish
-from edgefl.transport.wire import Wire, log
 from edgefl.units import format_bytes
 
 COORDINATOR_ID = "edgefl-coordinator"

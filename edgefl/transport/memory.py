@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from edgefl import topics
 from edgefl.errors import TransportError
 from edgefl.messages import DeviceReport, RoundInstruction
-from edgefl.transport import envelopes, topics
-from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
+from edgefl.protocol import envelopes
+from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
+from edgefl.protocol.memory_wire import MemoryHub, MemoryWire
+from edgefl.protocol.wire import MQTT_MAX_PACKET
 from edgefl.transport.endpoint import COORDINATOR_ID, WireTransport
-from edgefl.transport.memory_wire import MemoryHub, MemoryWire
-from edgefl.transport.wire import MQTT_MAX_PACKET
 
 
 class InMemoryTransport(WireTransport):

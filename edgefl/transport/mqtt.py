@@ -1,5 +1,5 @@
 """The MQTT transport: the coordinator's end of the device protocol over a real broker (paho-mqtt 2.x,
-MQTT 5, QoS 1, persistent session). Topics: `edgefl.transport.topics`; what travels and how:
+MQTT 5, QoS 1, persistent session). Topics: `edgefl.topics`; what travels and how:
 `edgefl.transport.endpoint` (instructions, reports, presence) and `edgefl.transport.artifact_server`
 (1 MiB chunks, per-chunk sha256, a window acknowledged by the device, resume after reconnect).
 
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Optional
 
 from edgefl.errors import TransportError
-from edgefl.transport.chunks import CHUNK_SIZE, WINDOW
+from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
+from edgefl.protocol.mqtt_wire import MqttWire
 from edgefl.transport.endpoint import COORDINATOR_ID, WireTransport
-from edgefl.transport.mqtt_wire import MqttWire
 
 
 class MqttTransport(WireTransport):

@@ -17,7 +17,7 @@ a round trip) is shared by that many devices instead of paid by each, and this p
 many reports per actor at a time. `collect` hands the reports to `on_report` in the order the
 instructions were sent, each as soon as it and the ones before it are done. The running aggregate folds
 in that order, as it folds the in-process engine's reports, so both engines give the same bits
-(edgefl.aggregate: the order of a float64 sum can move a float32 result's last bit); a report finished out
+(edgefl.server.aggregate: the order of a float64 sum can move a float32 result's last bit); a report finished out
 of turn waits in the object store, not in this process.
 
 Ray is imported only here, and only when such a transport is made (`import_ray`).
@@ -31,8 +31,8 @@ import numpy as np
 
 from edgefl.errors import ConfigError, TransportError
 from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.protocol.tensors import as_array
 from edgefl.transport import Transport
-from edgefl.transport.tensors import as_array
 
 INSTALL_HINT = "pip install 'edgefl[ray]'"
 DEVICES_PER_TASK = 8        # per-task cost shared by this many devices; reports held here: this many per actor

@@ -12,9 +12,9 @@ from typing import Optional
 
 from edgefl.errors import ReportRejected, TransportError
 from edgefl.messages import DeviceReport
-from edgefl.transport import envelopes
-from edgefl.transport.tensors import PackedTensors, shared_order
-from edgefl.transport.wire import Traffic
+from edgefl.protocol import envelopes
+from edgefl.protocol.tensors import PackedTensors, shared_order
+from edgefl.protocol.wire import Traffic
 from edgefl.units import format_bytes
 
 UPLOAD_REJECTED = "upload rejected"     # the reason's prefix of a report this end refused

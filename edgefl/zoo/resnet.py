@@ -8,7 +8,6 @@ BlockOut of a stage write one shared space, the stage's residual stream.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from edgefl.zoo.base import ConvBNReLU, LayeredModel, PoolLinear, conv_output_module, full_widths, scaled

@@ -8,13 +8,13 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
-
 from export_cases import EXPORTS, LM, RESNET, available, backend_params, global_state, lm_config, resnet_config
+
 from edgefl.device_runtime.trainers.base import ArtifactTrainer, trainer_class
 from edgefl.export.backends import get_backend
 from edgefl.export.pipeline import refresh_weights
 from edgefl.export.split import split
-from edgefl.submodel import extract, index_sets
+from edgefl.server.submodel import extract, index_sets
 
 pytestmark = EXPORTS
 

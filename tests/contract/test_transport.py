@@ -10,21 +10,22 @@ import time
 
 import numpy as np
 import pytest
-
 from mosquitto import Mosquitto
+
+from edgefl import topics
 from edgefl.device_runtime.cache import ArtifactCache
 from edgefl.device_runtime.link import DeviceLink
 from edgefl.device_runtime.mqtt_link import MqttLink
 from edgefl.errors import ArtifactError, TransportError
 from edgefl.manifest import PREFIX_DIR, ArtifactSet, IOSpec, Manifest, OptimizerSpec
 from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.protocol import envelopes
+from edgefl.protocol.chunks import WINDOW
+from edgefl.protocol.mqtt_wire import MqttWire
+from edgefl.protocol.tensors import pack
 from edgefl.trainconfig import TrainConfig
-from edgefl.transport import envelopes, topics
-from edgefl.transport.chunks import WINDOW
 from edgefl.transport.memory import InMemoryTransport
 from edgefl.transport.mqtt import MqttTransport
-from edgefl.transport.mqtt_wire import MqttWire
-from edgefl.transport.tensors import pack
 
 CHUNK = 64 * 1024
 LIMIT = 256 * 1024

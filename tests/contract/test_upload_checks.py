@@ -4,8 +4,8 @@ real mosquitto): tensors for a round it did not send the device, an upload past 
 on beside the first instead of replacing it."""
 import numpy as np
 import pytest
-
 from mosquitto import Mosquitto
+
 from edgefl.device_runtime.link import DeviceLink
 from edgefl.device_runtime.mqtt_link import MqttLink
 from edgefl.messages import DeviceReport, RoundInstruction

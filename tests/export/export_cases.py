@@ -5,7 +5,6 @@ import importlib.util
 from functools import lru_cache
 
 import pytest
-
 from zoo_inputs import small
 
 BATCH = 8

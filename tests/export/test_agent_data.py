@@ -5,12 +5,12 @@ import threading
 
 import numpy as np
 import pytest
+from export_cases import EXPORTS, RESNET, resnet_config
 
 from edgefl.device_runtime.agent import DeviceAgent
 from edgefl.device_runtime.link import DeviceLink
 from edgefl.messages import RoundInstruction
 from edgefl.transport.memory import InMemoryTransport
-from export_cases import EXPORTS, RESNET, resnet_config
 
 pytestmark = EXPORTS
 

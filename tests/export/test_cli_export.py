@@ -27,7 +27,7 @@ def tight_budget() -> int:
     """Where FedOLF trains the CNN's last two layers and no more (from the cost model, so the fleet keeps
     its shape when the runtime's constants move)."""
     from edgefl.fleet import parse_fleet
-    from edgefl.strategies import PlanContext
+    from edgefl.planning.strategies import PlanContext
     from edgefl.zoo import ModelRef
     ctx = PlanContext(parse_fleet(FLEET.format(tight="1GiB")), ModelRef.of("cnn"), batch_size=32)
     two, three = (ctx.cost(ctx.config(frozen_prefix=k), "ort").peak_memory_bytes for k in (2, 1))

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from export_cases import EXPORTS, LM, RESNET, lm_config, resnet_config
 
 pytestmark = EXPORTS
@@ -73,8 +72,8 @@ def test_ort_sessions_run_without_buffer_reuse_and_arena():
 
 
 def test_the_device_policy_is_the_cost_models():
+    from edgefl.cost.measure import MMAP_THRESHOLD as measured_under
     from edgefl.device_runtime.train_cmd import MMAP_THRESHOLD
-    from edgefl.measure import MMAP_THRESHOLD as measured_under
     assert MMAP_THRESHOLD == measured_under
 
 

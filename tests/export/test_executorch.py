@@ -17,9 +17,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from export_cases import EXPORTS, RESNET, available, global_state, resnet_config
+from torch import nn
 from zoo_inputs import small
 
 pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed")]
@@ -109,7 +108,7 @@ def test_refreshed_weights_train_from_the_new_values_with_the_same_program(expor
     from edgefl.export.pipeline import refresh_weights
     from edgefl.export.split import split
     from edgefl.manifest import Manifest
-    from edgefl.submodel import index_sets
+    from edgefl.server.submodel import index_sets
 
     folder = shutil.copytree(exported("executorch", RESNET, CONFIG).folder, tmp_path / "set")
     before = {f.name: f.sha256 for f in Manifest.read(folder).files}

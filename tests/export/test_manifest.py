@@ -6,14 +6,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from export_cases import EXPORTS, RESNET, global_state, resnet_config
+
 from edgefl.device_runtime.trainers.base import open_trainer
 from edgefl.errors import ArtifactError, ReportRejected
 from edgefl.export.backends import get_backend
 from edgefl.export.pipeline import refresh_weights
 from edgefl.manifest import MANIFEST, SCHEMA, ArtifactSet, Manifest, flatten, unflatten
-from edgefl.submodel import extract, index_sets
+from edgefl.server.submodel import extract, index_sets
 
 pytestmark = EXPORTS
 

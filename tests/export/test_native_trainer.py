@@ -17,12 +17,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from export_cases import CNN, EXPORTS, LM, RESNET, available, cnn_config, global_state, lm_config, resnet_config
+
 from edgefl.device_runtime.trainers.base import trainer_class
 from edgefl.export.split import split
 from edgefl.manifest import Manifest, flatten
-from edgefl.submodel import index_sets
+from edgefl.server.submodel import index_sets
 
 pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed"),
               pytest.mark.usefixtures("one_thread")]

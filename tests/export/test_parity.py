@@ -12,13 +12,24 @@ global model and reproduce the runtime's eval loss. ExecuTorch on every case: `p
 import numpy as np
 import pytest
 import torch
+from export_cases import (
+    CNN,
+    DENSENET,
+    EXPORTS,
+    LM,
+    RESNET,
+    backend_params,
+    cnn_config,
+    densenet_config,
+    global_state,
+    lm_config,
+    resnet_config,
+)
 
-from export_cases import (CNN, DENSENET, EXPORTS, LM, RESNET, backend_params, cnn_config, densenet_config, global_state,
-                          lm_config, resnet_config)
 from edgefl.device_runtime.trainers.base import trainer_class
 from edgefl.export.split import split
 from edgefl.manifest import flatten, unflatten
-from edgefl.submodel import device_model, embed, entries, extract, index_sets
+from edgefl.server.submodel import device_model, embed, entries, extract, index_sets
 from edgefl.zoo import build
 
 pytestmark = EXPORTS

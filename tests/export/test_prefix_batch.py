@@ -5,10 +5,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from export_cases import LM, RESNET, lm_config, resnet_config
-from edgefl.calibration import DEFAULTS
-from edgefl.cost import cost, step_peak_bytes
+
+from edgefl.cost.constants import DEFAULTS
+from edgefl.cost.model import cost, step_peak_bytes
 from edgefl.device_runtime.trainers.base import in_chunks
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from export_cases import CNN, EXPORTS, LM, RESNET, cnn_config, global_state, lm_config, resnet_config
+from stock_ort_client import StockOrtClient
+
 from edgefl.device_runtime.trainers.base import IGNORE_INDEX, open_trainer
 from edgefl.export.split import split
-from edgefl.submodel import index_sets
-from stock_ort_client import StockOrtClient
+from edgefl.server.submodel import index_sets
 
 pytestmark = [EXPORTS, pytest.mark.usefixtures("one_thread")]
 

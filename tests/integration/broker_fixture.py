@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
-
 from mosquitto import free_port, mosquitto_path  # noqa: F401  (tests/mosquitto.py; re-exported)
 
 

@@ -2,7 +2,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from emulation_inputs import FLEET, small_budget
 
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import yaml
+from broker_fixture import Client, credentials, edgefl, free_port, running, write_fleet
 from paho.mqtt.client import MQTTv5, MQTTv311
 
-from broker_fixture import Client, credentials, edgefl, free_port, running, write_fleet
 from edgefl.broker.mosquitto_conf import CHUNK_BYTES, packet_limit
 from edgefl.broker.passwords import parse_password_file, verify_password
 from edgefl.cli.main import run

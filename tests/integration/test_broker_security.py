@@ -9,7 +9,6 @@ import ssl
 import subprocess
 
 import pytest
-
 from broker_fixture import Client, credentials, edgefl, free_port, mosquitto_path, running, write_fleet
 
 A, B = "dev-a", "dev-b"
@@ -179,13 +178,13 @@ def test_the_transport_runs_over_the_generated_tls_deployment(tls_broker, tmp_pa
     room for a whole chunk as the transport frames it."""
     import numpy as np
 
+    from edgefl import topics
     from edgefl.device_runtime.mqtt_link import MqttLink
     from edgefl.messages import DeviceReport, RoundInstruction
+    from edgefl.protocol.chunks import CHUNK_SIZE
+    from edgefl.protocol.wire import publish_packet_bytes
     from edgefl.trainconfig import TrainConfig
-    from edgefl.transport import topics
-    from edgefl.transport.chunks import CHUNK_SIZE
     from edgefl.transport.mqtt import MqttTransport
-    from edgefl.transport.wire import publish_packet_bytes
 
     out, port = tls_broker
     url, ca = f"mqtts://127.0.0.1:{port}", out / "tls" / "ca.crt"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from mosquitto import Mosquitto, make_tls
 
 from edgefl.errors import TransportError
-from edgefl.transport.mqtt_wire import MqttWire
-from mosquitto import Mosquitto, make_tls
+from edgefl.protocol.mqtt_wire import MqttWire
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from edgefl.cli.emulation import emulate
-from edgefl.coordinator import LoopSettings
 from edgefl.data import parse_partition
+from edgefl.engines.local import emulate
 from edgefl.fleet import parse_fleet
-from edgefl.plan import verify
-from edgefl.strategies import STRATEGIES, PlanContext, get_strategy
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import STRATEGIES, PlanContext, get_strategy
+from edgefl.server.coordinator import LoopSettings
 from edgefl.zoo import ModelRef
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("one_thread")]
@@ -67,7 +67,7 @@ def test_every_method_trains_on_cuda_as_on_the_cpu(method, data, fleet_text):
 
 def test_a_model_built_on_the_cpu_is_evaluated_on_the_gpu():
     """bench/reproduce_caff.py evaluates each pretrained depth it builds on the CPU with a CUDA trainer."""
-    from edgefl.cli.emulation import torch_trainer
+    from edgefl.engines.local import torch_trainer
     from edgefl.trainconfig import TrainConfig
     from edgefl.zoo import build
 

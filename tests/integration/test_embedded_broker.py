@@ -8,10 +8,8 @@ import logging
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from broker_fixture import edgefl, free_port, wait_for_port
 
 pytest.importorskip("amqtt", reason="the embedded broker needs amqtt: pip install 'edgefl[broker]'")
@@ -42,7 +40,7 @@ def embedded(tmp_path_factory):
 
 def test_the_wire_falls_back_to_mqtt_311_and_says_so_once(embedded, tmp_path, caplog):
     from edgefl.device_runtime.mqtt_link import MqttLink
-    from edgefl.transport.mqtt_wire import MQTT311, MqttWire
+    from edgefl.protocol.mqtt_wire import MQTT311, MqttWire
 
     deploy, url, _ = embedded
     caplog.set_level(logging.DEBUG, logger="edgefl.transport")

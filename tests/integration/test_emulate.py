@@ -7,12 +7,12 @@ import sys
 import pytest
 import torch
 
-from edgefl.coordinator import LoopSettings
 from edgefl.data import parse_partition
-from edgefl.cli.emulation import emulate
+from edgefl.engines.local import emulate
 from edgefl.fleet import parse_fleet
-from edgefl.plan import verify
-from edgefl.strategies import STRATEGIES, PlanContext, get_strategy
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import STRATEGIES, PlanContext, get_strategy
+from edgefl.server.coordinator import LoopSettings
 from edgefl.zoo import ModelRef
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,8 +96,8 @@ EXAMPLES_FLEET = ("fleet:\n  groups:\n"
 
 def test_examples_means_what_each_device_trains_on(tmp_path):
     """`examples:` gives each device exactly that many examples, and the history's FLOPs per device are the
-    planner's per-round FLOPs for it (edgefl.plan.round_flops)."""
-    from edgefl.plan import Plan, round_flops
+    planner's per-round FLOPs for it (edgefl.planning.plan.round_flops)."""
+    from edgefl.planning.plan import Plan, round_flops
 
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(EXAMPLES_FLEET)

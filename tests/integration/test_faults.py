@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-
 from served_run import ServedRun, edgefl, wait_for, write_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from broker_fixture import edgefl, free_port, mosquitto_path, running
 
 FULL = "fleet:\n  name: full\n  groups:\n    lab: {count: 12, runtime: torch, memory_budget: 1GiB}\n"

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from served_run import ServedRun, edgefl, write_plan
 
 from edgefl.transport.mqtt import MqttTransport
 from edgefl.units import format_bytes
-from served_run import ServedRun, edgefl, write_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,7 +24,7 @@ def run(*args, module="edgefl"):
 
 def predicted_peaks(runtime: str) -> dict[int, int]:
     from edgefl.fleet import parse_fleet
-    from edgefl.strategies import PlanContext
+    from edgefl.planning.strategies import PlanContext
     from edgefl.zoo import ModelRef
     ctx = PlanContext(parse_fleet("fleet: {groups: {g: {count: 1, memory_budget: 4GiB}}}"),
                       ModelRef.of("cnn"), batch_size=32)

@@ -11,19 +11,20 @@ import sys
 import numpy as np
 import pytest
 import torch
+from emulation_inputs import CNN, FLEET, small_budget
 
-from edgefl.coordinator import LoopSettings
 from edgefl.data import load_dataset, parse_partition
 from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice
-from edgefl.cli.emulation import TorchServerModel, emulate, torch_trainer
+from edgefl.engines.local import emulate, torch_trainer
 from edgefl.fleet import parse_fleet
 from edgefl.messages import RoundInstruction
-from edgefl.plan import verify
-from edgefl.strategies import PlanContext, get_strategy
-from edgefl.strategies.profl import ProFL
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import PlanContext, get_strategy
+from edgefl.planning.strategies.profl import ProFL
+from edgefl.server.coordinator import LoopSettings
+from edgefl.server.global_model import TorchServerModel
 from edgefl.zoo import ModelRef
 
-from emulation_inputs import CNN, FLEET, small_budget
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -259,8 +260,8 @@ def lm_run(strategy, text, mode):
 
 
 def test_heterogeneous_lora_trains_the_transformer_at_two_ranks(text):
-    from edgefl.lowrank import lora_key
-    from edgefl.strategies.lora import HeterogeneousLoRA
+    from edgefl.planning.strategies.lora import HeterogeneousLoRA
+    from edgefl.server.lowrank import lora_key
 
     plan, records, server = lm_run(HeterogeneousLoRA(max_rank=8), text, "lora")
     assert {g: p.steps[0].config.rank for g, p in plan.groups.items()} == {"lo": 2, "hi": 8}
@@ -277,7 +278,7 @@ def test_heterogeneous_lora_trains_the_transformer_at_two_ranks(text):
 
 
 def test_fedhm_trains_factors_where_full_rank_does_not_fit(text):
-    from edgefl.strategies.fedhm import FedHM
+    from edgefl.planning.strategies.fedhm import FedHM
 
     plan, records, server = lm_run(FedHM(max_rank=8), text, "factor")
     assert {g: p.steps[0].config.rank for g, p in plan.groups.items()} == {"lo": 2, "hi": None}
@@ -288,7 +289,7 @@ def test_fedhm_trains_factors_where_full_rank_does_not_fit(text):
 
 
 def test_pretrain_then_emulate_lora_from_the_pretrained_set(tmp_path):
-    from edgefl.lowrank import lora_key
+    from edgefl.server.lowrank import lora_key
 
     pre = tmp_path / "pretrained"
     r = subprocess.run([sys.executable, "-m", "edgefl", "pretrain", "-o", str(pre), "--layers", "1,2", "--steps", "2",
@@ -327,7 +328,7 @@ def test_pretrain_keeps_the_best_validation_checkpoint_and_stops_on_patience():
     validation loss, training stops `patience` measurements after it, and the reported loss is measured on
     the test half, which the choice never saw."""
     from edgefl.data import pretrain_corpus
-    from edgefl.pretrain import PretrainSettings, held_out_loss, pretrain
+    from edgefl.zoo.pretrain import PretrainSettings, held_out_loss, pretrain
 
     corpus = pretrain_corpus()
     settings = PretrainSettings(steps=200, batch_size=4, embed=16, heads=2, lr=2.0, eval_every=5, patience=2,
@@ -375,7 +376,7 @@ def test_pretraining_continues_a_set_from_its_weights_and_records_the_stages(tmp
         assert after["validation_loss"] <= before["validation_loss"]
     from edgefl.data import pretrain_corpus
     from edgefl.errors import ConfigError
-    from edgefl.pretrain import PretrainSettings, continuation, model_ref, pretrain
+    from edgefl.zoo.pretrain import PretrainSettings, continuation, model_ref, pretrain
 
     corpus, sizes = pretrain_corpus(), PretrainSettings(steps=2, batch_size=4, embed=16, heads=2, eval_windows=2)
     state, steps, stages = continuation(second, model_ref(2, 82, sizes), corpus)      # a third part's start
@@ -408,7 +409,8 @@ def test_a_stopped_pretraining_resumes_and_ends_as_the_uninterrupted_run(tmp_pat
     and refuses a checkpoint written with other settings, naming them."""
     from edgefl.data import pretrain_corpus
     from edgefl.errors import EdgeflError
-    from edgefl.pretrain import PretrainSettings, available, checkpoint_for, pretrain
+    from edgefl.zoo.pretrain import PretrainSettings, checkpoint_for, pretrain
+    from edgefl.zoo.pretrained import available
 
     corpus = pretrain_corpus()
     settings = PretrainSettings(steps=30, batch_size=4, embed=16, heads=2, eval_every=5, dropout=0.1)
@@ -456,7 +458,8 @@ def test_a_run_fine_tuning_a_pretrained_set_keeps_its_plays_out_of_the_clients(t
     configs listed their plays was pretrained on the default ones."""
     from edgefl.data import load_dataset, pretrain_corpus
     from edgefl.data.text import PRETRAIN_PLAYS
-    from edgefl.pretrain import PretrainSettings, fine_tuning_data_options, pretrain, pretrained_plays, write
+    from edgefl.zoo.pretrain import PretrainSettings, pretrain, write
+    from edgefl.zoo.pretrained import fine_tuning_data_options, pretrained_plays
 
     settings = PretrainSettings(steps=1, batch_size=2, embed=16, heads=2, eval_windows=2)
     corpus = pretrain_corpus(holdout=["hamlet", "pericles"])
@@ -487,8 +490,8 @@ def test_pretraining_dropout_changes_training_but_not_the_model_that_is_saved():
     """Dropout is a pretraining regulariser only: in training mode it makes two passes differ, in evaluation
     mode (and once removed) the model computes what it computes without it, and the saved state dict has
     the keys of a model built without it, so fine-tuning and export see no dropout."""
-    from edgefl.pretrain import PretrainSettings, with_dropout, model_ref
     from edgefl.zoo import build
+    from edgefl.zoo.pretrain import PretrainSettings, model_ref, with_dropout
 
     torch.manual_seed(0)
     ref = model_ref(2, 82, PretrainSettings(embed=16, heads=2))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from mosquitto import Mosquitto, write_credentials
+
 from edgefl.device_runtime.cache import ArtifactCache
 from edgefl.device_runtime.mqtt_link import MqttLink
 from edgefl.errors import ConfigError, TransportError

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from export_cases import CNN, EXPORTS, available, cnn_config
+
 from edgefl.device_runtime import native
 
 pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed")]

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from mosquitto import free_port, mosquitto_path
 
 ROOT = Path(__file__).resolve().parents[2]

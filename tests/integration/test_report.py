@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefl.coordinator import RoundRecord
-from edgefl.history import write_history
-from edgefl.plan import Plan
+from edgefl.planning.plan import Plan
+from edgefl.server.history import RoundRecord, write_history
 from edgefl.units import format_bytes
 
 FLEET = ("fleet:\n  groups:\n    small: {count: 3, memory_budget: 70MiB, runtime: ort}\n"
@@ -193,8 +192,8 @@ def test_served_run_has_a_device_table_of_measured_vs_predicted(rendered):
 
 
 def test_round_axes_have_whole_number_ticks(rendered):
-    from edgefl import report_plots
-    from edgefl.report_runs import load_run
+    from edgefl.report import plots as report_plots
+    from edgefl.report.runs import load_run
 
     runs = [load_run(p) for p in rendered["runs"]]
     for fig in (report_plots.accuracy_vs_round(runs), report_plots.loss_vs_round(runs),
@@ -207,7 +206,7 @@ def test_round_axes_have_whole_number_ticks(rendered):
 
 
 def test_participation_counts_what_became_of_each_sampled_device(rendered):
-    from edgefl.report_runs import load_run, participation
+    from edgefl.report.runs import load_run, participation
 
     served = load_run(rendered["runs"][2])
     assert [participation(r) for r in served.rounds] == [

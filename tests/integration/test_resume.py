@@ -3,13 +3,13 @@ and a report it had accepted before dying is aggregated without asking the devic
 import pytest
 import torch
 
-from edgefl.cli.emulation import emulate
-from edgefl.coordinator import LoopSettings
 from edgefl.data import parse_partition
+from edgefl.engines.local import emulate
 from edgefl.fleet import parse_fleet
-from edgefl.plan import verify
-from edgefl.runstate import RunState
-from edgefl.strategies import PlanContext, get_strategy
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import PlanContext, get_strategy
+from edgefl.server.coordinator import LoopSettings
+from edgefl.server.runstate import RunState
 from edgefl.zoo import ModelRef
 
 pytestmark = pytest.mark.usefixtures("one_thread")

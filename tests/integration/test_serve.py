@@ -5,11 +5,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from served_run import ServedRun, edgefl, write_plan
 
 from edgefl.fleet import parse_fleet
-from edgefl.strategies import PlanContext
+from edgefl.planning.strategies import PlanContext
 from edgefl.zoo import ModelRef
-from served_run import ServedRun, edgefl, write_plan
 
 pytestmark = pytest.mark.usefixtures("one_thread", "native_trainer")   # the phone trains natively
 CNN = ModelRef.of("cnn")
@@ -33,11 +33,11 @@ def mixed_fleet() -> str:
 
 def initial_accuracy(test_limit: int, seed: int) -> float:
     """The global model before round 1, as serve builds it (same seed), on the same test subset."""
-    from edgefl.cli.emulate_cmd import _subset
-    from edgefl.cli.emulation import TorchServerModel, torch_trainer
-    from edgefl.data import load_dataset
+    from edgefl.data import load_dataset, subset
+    from edgefl.engines.local import torch_trainer
+    from edgefl.server.global_model import TorchServerModel
 
-    test = _subset(load_dataset("fashion-mnist", split="test"), test_limit, seed + 1)
+    test = subset(load_dataset("fashion-mnist", split="test"), test_limit, seed + 1)
     return TorchServerModel(CNN, test, torch_trainer(CNN), seed).evaluate()["accuracy"]
 
 
@@ -129,7 +129,7 @@ class ArtifactCounter:
     def __init__(self, url: str):
         import paho.mqtt.client as mqtt
 
-        from edgefl.transport import topics
+        from edgefl import topics
 
         self.bytes: dict[tuple[int, str], int] = {}
         self._pending = {"group": 0, "device": 0}

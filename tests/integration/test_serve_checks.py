@@ -6,9 +6,9 @@ from __future__ import annotations
 import io
 
 import pytest
+from broker_fixture import edgefl
 from rich.console import Console
 
-from broker_fixture import edgefl
 from edgefl.errors import ConfigError, TransportError
 
 PLANNED = "fleet:\n  name: demo\n  groups:\n    pi: {count: 3, runtime: torch, memory_budget: 1GiB}\n" \
@@ -46,9 +46,9 @@ def test_a_fleet_file_that_is_not_the_plans_is_refused_in_either_direction(plan,
 
 
 def test_the_plans_own_fleet_passes(plan, tmp_path):
-    from edgefl.cli.deployment import fleet_of
+    from edgefl.engines.deployed import fleet_of
     from edgefl.fleet import parse_fleet
-    from edgefl.plan import Plan
+    from edgefl.planning.plan import Plan
 
     fleet = parse_fleet(PLANNED)
     assert fleet_of(Plan.read(plan), fleet) is fleet

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from broker_fixture import edgefl, free_port, mosquitto_path, running, write_fleet
 
-from broker_fixture import credentials, edgefl, free_port, mosquitto_path, running, write_fleet
 from edgefl.errors import TransportError
 
 A, B = "dev-a", "dev-b"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from edgefl.errors import EdgeflError
 from edgefl.fleet import load_fleet, parse_fleet
-from edgefl.plan import Plan
+from edgefl.planning.plan import Plan
 
 EXAMPLE_FLEET = Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml"
 # The default run is small and the same every time; EDGEFL_FUZZ_EXAMPLES=5000 fuzzes longer, from a fresh seed.

@@ -3,9 +3,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgefl.fleet import parse_fleet
-from edgefl.plan import verify
-from edgefl.strategies import STRATEGIES, PlanContext, get_strategy
-from edgefl.strategies.caff import CAFF, architectures
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import STRATEGIES, PlanContext, get_strategy
+from edgefl.planning.strategies.caff import CAFF, architectures
 from edgefl.zoo import ModelRef
 
 MiB = 2**20

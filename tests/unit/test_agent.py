@@ -5,11 +5,11 @@ import threading
 
 import pytest
 
+from edgefl import topics
 from edgefl.device_runtime.agent import DeviceAgent
 from edgefl.device_runtime.link import DeviceLink
 from edgefl.messages import RoundInstruction
 from edgefl.trainconfig import TrainConfig
-from edgefl.transport import topics
 from edgefl.transport.memory import InMemoryTransport
 
 MiB = 2**20

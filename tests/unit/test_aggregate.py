@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgefl.submodel import aggregate, embed, extract, index_sets
+from edgefl.server.submodel import aggregate, embed, extract, index_sets
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
 

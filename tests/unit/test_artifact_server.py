@@ -3,9 +3,10 @@ chunk sent again, a top-up that does not resend what is in flight, a resend that
 import os
 import time
 
-from edgefl.transport import envelopes, topics
+from edgefl import topics
+from edgefl.protocol import envelopes
+from edgefl.protocol.memory_wire import MemoryHub
 from edgefl.transport.artifact_server import ArtifactServer
-from edgefl.transport.memory_wire import MemoryHub
 
 
 def setup(window=2, chunks=5):

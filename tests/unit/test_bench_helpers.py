@@ -65,12 +65,12 @@ def test_lean_loop_trains_what_edgefl_emulation_trains():
     from fedbench import task
     from lean_fedavg import fedavg
 
-    from edgefl.cli.emulation import emulate
-    from edgefl.coordinator import LoopSettings
     from edgefl.data import Dataset, parse_partition
+    from edgefl.engines.local import emulate
     from edgefl.fleet import parse_fleet
-    from edgefl.plan import verify
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.plan import verify
+    from edgefl.planning.strategies import PlanContext, get_strategy
+    from edgefl.server.coordinator import LoopSettings
     from edgefl.zoo import ModelRef, build
 
     rng = np.random.default_rng(0)

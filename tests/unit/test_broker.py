@@ -10,15 +10,22 @@ import sys
 
 import pytest
 
-from edgefl.broker.acl import (COORDINATOR, check_client_id, filter_covered, fleet_acl, may_subscribe,
-                               parse_acl, permits, render_acl, topic_matches)
+from edgefl.broker.acl import COORDINATOR, fleet_acl, may_subscribe, parse_acl, permits, render_acl
 from edgefl.broker.credentials import sync_credentials
 from edgefl.broker.files import write_file
 from edgefl.broker.launch import broker_command
-from edgefl.broker.mosquitto_conf import (CHUNK_BYTES, CONTROL_HEADROOM, ListenerSettings, packet_limit,
-                                          read_conf, render_conf)
+from edgefl.broker.mosquitto_conf import (
+    CHUNK_BYTES,
+    CONTROL_HEADROOM,
+    ListenerSettings,
+    packet_limit,
+    read_conf,
+    render_conf,
+)
 from edgefl.broker.passwords import hash_password, parse_password_file, render_password_file, verify_password
 from edgefl.errors import ConfigError, MissingDependencyError
+from edgefl.topics import check_device_id, filter_covered
+from edgefl.topics import matches as topic_matches
 
 
 def mode(path) -> int:
@@ -117,13 +124,13 @@ def test_acl_file_round_trip_and_refuses_what_it_does_not_write():
 @pytest.mark.parametrize("bad", ["a/b", "a+", "#", "a:b", "a b", "a\tb", "$sys", "", "a\x00", "\ud800", "x" * 5000])
 def test_device_ids_that_would_break_topics_or_files_are_refused(bad):
     with pytest.raises(ConfigError, match="rename it"):
-        check_client_id(bad)
+        check_device_id(bad)
 
 
 def test_device_ids_must_not_take_the_coordinators_login():
     with pytest.raises(ConfigError, match="coordinator"):
         fleet_acl(["a", COORDINATOR])
-    assert check_client_id("lab-pi5.a_1") == "lab-pi5.a_1"
+    assert check_device_id("lab-pi5.a_1") == "lab-pi5.a_1"
 
 
 # --- packet limit and mosquitto.conf ---------------------------------------------------------------
@@ -192,6 +199,7 @@ def test_write_file_reports_changes_and_sets_modes(tmp_path):
 
 def test_tls_server_certificate_chains_to_the_ca_and_is_kept(tmp_path):
     from cryptography import x509
+
     from edgefl.broker.tls import ensure_tls
 
     lines = ensure_tls(tmp_path, ["broker.lan", "127.0.0.1"], "test")

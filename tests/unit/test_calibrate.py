@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
-from edgefl.calibrate import PeakSample, calibration_json, fit_overheads, plan_changes, samples_from_run
-from edgefl.calibration import DEFAULTS, load_calibration
-from edgefl.cost import PeakTerms
+from edgefl.cost.calibrate import PeakSample, calibration_json, fit_overheads, plan_changes, samples_from_run
+from edgefl.cost.constants import DEFAULTS, load_calibration
+from edgefl.cost.model import PeakTerms
 from edgefl.errors import ConfigError
 
 MiB = 2**20
@@ -72,8 +72,8 @@ def test_calibration_file_round_trips_through_the_planner_loader(tmp_path):
 
 def _plan(tmp_path, budget="4GiB"):
     from edgefl.fleet import parse_fleet
-    from edgefl.plan import verify
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.plan import verify
+    from edgefl.planning.strategies import PlanContext, get_strategy
     from edgefl.zoo import ModelRef
 
     fleet = parse_fleet(f"fleet: {{groups: {{pis: {{count: 2, memory_budget: {budget}, runtime: ort, examples: 64}}, "
@@ -135,7 +135,7 @@ def test_plan_with_a_calibration_says_what_changed_and_why(tmp_path):
     one frozen layer and the whole CNN: the group freezes more, and `edgefl plan` says so in the plan's notes, with
     the fit that justified it."""
     from edgefl.fleet import parse_fleet
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.strategies import PlanContext, get_strategy
     from edgefl.zoo import ModelRef
 
     ctx = PlanContext(parse_fleet("fleet: {groups: {g: {count: 1, memory_budget: 4GiB}}}"), ModelRef.of("cnn"))
@@ -160,7 +160,7 @@ def test_plan_with_a_calibration_says_what_changed_and_why(tmp_path):
 
 def test_a_plan_says_when_its_model_has_no_measured_constants_on_a_runtime_until_calibrated(tmp_path):
     from edgefl.fleet import parse_fleet
-    from edgefl.strategies import PlanContext, get_strategy
+    from edgefl.planning.strategies import PlanContext, get_strategy
     from edgefl.zoo import ModelRef
 
     fleet = parse_fleet("fleet: {groups: {pis: {count: 1, memory_budget: 2GiB, runtime: executorch}, "

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from edgefl.cli.emulation import TorchServerModel, torch_trainer
-from edgefl.coordinator import Coordinator, LoopSettings, record_to_json
+from edgefl.engines.local import torch_trainer
 from edgefl.fleet import parse_fleet
 from edgefl.messages import DeviceReport
-from edgefl.plan import verify
-from edgefl.strategies import PlanContext, get_strategy
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import PlanContext, get_strategy
+from edgefl.server.coordinator import Coordinator, LoopSettings
+from edgefl.server.global_model import TorchServerModel
+from edgefl.server.history import record_to_json
 from edgefl.transport import Transport
 from edgefl.zoo import ModelRef
 

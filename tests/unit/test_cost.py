@@ -1,8 +1,8 @@
 """The cost model's arithmetic on real profiles."""
 import pytest
 
-from edgefl.calibration import DEFAULTS
-from edgefl.cost import config_cost, cost
+from edgefl.cost.constants import DEFAULTS
+from edgefl.cost.model import config_cost, cost
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef
 

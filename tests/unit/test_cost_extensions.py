@@ -3,17 +3,18 @@ prediction holds for what the torch trainer really runs."""
 from __future__ import annotations
 
 import pytest
+from emulation_inputs import CNN, FLEET, small_budget
 
-from edgefl.cli.emulation import TorchServerModel, torch_trainer
-from edgefl.cost import cost
+from edgefl.cost.model import cost
 from edgefl.data import load_dataset
 from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice
+from edgefl.engines.local import torch_trainer
 from edgefl.fleet import parse_fleet
 from edgefl.messages import RoundInstruction
-from edgefl.plan import verify
-from edgefl.strategies import PlanContext, get_strategy
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import PlanContext, get_strategy
+from edgefl.server.global_model import TorchServerModel
 from edgefl.trainconfig import OPTIMIZER_STATE_SLOTS, TrainConfig
-from emulation_inputs import CNN, FLEET, small_budget
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

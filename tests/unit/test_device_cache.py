@@ -8,7 +8,7 @@ import pytest
 from edgefl.device_runtime.cache import ArtifactCache
 from edgefl.device_runtime.link import DeviceLink
 from edgefl.errors import TransportError
-from edgefl.transport.chunks import describe
+from edgefl.protocol.chunks import describe
 from edgefl.transport.memory import InMemoryTransport
 
 CHUNK = 1024

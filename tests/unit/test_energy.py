@@ -5,7 +5,7 @@ import time
 import pytest
 
 from edgefl.errors import ConfigError
-from edgefl.hardware.energy import (BatteryMeter, Ina219Meter, ProfileMeter, RaplMeter, select_meter)
+from edgefl.hardware.energy import BatteryMeter, Ina219Meter, ProfileMeter, RaplMeter, select_meter
 
 
 def _rapl_tree(root, energy_uj=1_000_000, max_uj=262_143_328_850):

@@ -5,8 +5,8 @@ import pytest
 
 from edgefl.errors import TransportError
 from edgefl.messages import RoundInstruction
+from edgefl.protocol.envelopes import Assignment
 from edgefl.trainconfig import TrainConfig
-from edgefl.transport.envelopes import Assignment
 
 SHA = "cd" * 32
 INSTRUCTION = RoundInstruction(round=2, device_id="pi-1", config=TrainConfig(num_layers=4), weights_version=1,

@@ -42,7 +42,7 @@ def test_example_budgets_leave_small_devices_short_of_full_resnet20():
     ~407 MiB with torch (cost model): the low phones hold it but cannot upload a round of it on their metered
     megabyte, the larger devices train it whole, and the Pi Zero could hold it natively but not a round of it
     on its FLOP cap."""
-    from edgefl.strategies import PlanContext
+    from edgefl.planning.strategies import PlanContext
     from edgefl.zoo import ModelRef
 
     fleet = load_fleet(EXAMPLE)

@@ -1,20 +1,20 @@
 """The live view of a served round and its status file (edgefl.cli.live), `edgefl status` reading it, and
-the operator's lines of edgefl serve (edgefl.cli.run_view): states as the transport saw them, in order,
+the operator's lines of edgefl serve (edgefl.cli.console): states as the transport saw them, in order,
 with times; nothing cut without saying how much."""
 import io
 import json
 import re
 import time
 
-import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from edgefl.cli.console import round_line
 from edgefl.cli.live import LiveView
 from edgefl.cli.main import app
-from edgefl.cli.run_view import listing, round_line
-from edgefl.coordinator import RoundRecord, record_to_json
+from edgefl.server.history import RoundRecord, record_to_json
 from edgefl.transport.activity import Activity
+from edgefl.units import listing
 
 GROUPS = {"pi-0": "pi", "pi-1": "pi", "phone-0": "phone"}
 LINE = re.compile(r"^\d\d:\d\d:\d\d round (\d+): (.*)$")

@@ -10,16 +10,16 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from edgefl import lowrank
-from edgefl.cli.emulation import torch_trainer
-from edgefl.cost import cost, low_rank_layer
+from edgefl.cost.model import cost, low_rank_layer
+from edgefl.cost.profile import LayerProfile
 from edgefl.device_runtime.trainers.memory import measured
 from edgefl.device_runtime.trainers.objectives import Objective
+from edgefl.engines.local import torch_trainer
 from edgefl.fleet import parse_fleet
-from edgefl.plan import verify
-from edgefl.profile import LayerProfile
-from edgefl.strategies import PlanContext, get_strategy
-from edgefl.submodel import aggregate, device_model, embed, ensure_aux, entries, extract, index_sets
+from edgefl.planning.plan import verify
+from edgefl.planning.strategies import PlanContext, get_strategy
+from edgefl.server import lowrank
+from edgefl.server.submodel import aggregate, device_model, embed, ensure_aux, entries, extract, index_sets
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
 

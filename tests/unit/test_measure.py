@@ -1,11 +1,11 @@
-"""edgefl.measure: the device model, measured activation bytes vs the profile-based prediction, peak RSS."""
+"""edgefl.cost.measure: the device model, measured activation bytes vs the profile-based prediction, peak RSS."""
 import pytest
 
 pytest.importorskip("torch")
 
-from edgefl.cost import cost  # noqa: E402
+from edgefl.cost.measure import build_device_model, measure_activation_bytes, measure_peak  # noqa: E402
+from edgefl.cost.model import cost  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
-from edgefl.measure import build_device_model, measure_activation_bytes, measure_peak  # noqa: E402
 from edgefl.trainconfig import TrainConfig  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_unmeasured_runtime_is_a_clear_error():
 FAULTS_OF_CHURN = """
 import resource, sys
 import numpy as np
-from edgefl.measure import configure_allocator
+from edgefl.cost.measure import configure_allocator
 assert configure_allocator(*map(int, sys.argv[1:]))
 for _ in range(3):
     np.ones(2**20, np.float32)          # warm-up: a 4 MiB block allocated and freed

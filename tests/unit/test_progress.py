@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from edgefl.progress import effective_movement, movement_series, should_freeze, slope, slopes
+from edgefl.planning.progress import effective_movement, movement_series, should_freeze, slope, slopes
 
 H, WINDOW, W, PHI = 4, 3, 3, 0.01
 

@@ -12,8 +12,8 @@ def child(code: str) -> subprocess.CompletedProcess:
 
 def test_edgefl_modules_do_not_import_ray():
     code = ("import sys\n"
-            "import edgefl.cli.main, edgefl.cli.emulate_cmd, edgefl.cli.emulation, edgefl.transport.memory\n"
-            "import edgefl.transport.ray_transport, edgefl.cli.ray_engine\n"
+            "import edgefl.cli.main, edgefl.cli.emulate_cmd, edgefl.engines.local, edgefl.transport.memory\n"
+            "import edgefl.transport.ray_transport, edgefl.engines.ray\n"
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     r = child(code)
     assert r.returncode == 0, r.stderr

@@ -38,8 +38,9 @@ def test_ties_are_named_and_a_missing_method_gives_no_verdict():
 
 
 def test_energy_estimate_is_the_profiles_active_power_over_compute_and_transfer_time():
-    from edgefl.hardware import load_profile
     from reproduction import energy_estimate
+
+    from edgefl.hardware import load_profile
 
     p = load_profile("android-mid")
     costs = {"training_flops": 3e12, "download_bytes": 50_000_000, "upload_bytes": 25_000_000}

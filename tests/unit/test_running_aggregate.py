@@ -1,4 +1,4 @@
-"""The running aggregate (edgefl.aggregate): contributions folded one at a time give the batch weighted
+"""The running aggregate (edgefl.server.aggregate): contributions folded one at a time give the batch weighted
 mean, per entry over the devices that trained it, and the order they arrive in moves a float32 result by
 at most one unit in the last place."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from edgefl.aggregate import RunningAggregate
+from edgefl.server.aggregate import RunningAggregate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,7 +5,7 @@ import pytest
 
 from edgefl.errors import ConfigError
 from edgefl.messages import DeviceReport
-from edgefl.runstate import RunState
+from edgefl.server.runstate import RunState
 
 
 class Step:

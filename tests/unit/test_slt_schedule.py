@@ -1,7 +1,7 @@
 """SLT's step -> round mapping (eq. 5/6) against values computed by hand for the 2-conv CNN."""
 from edgefl.fleet import parse_fleet
-from edgefl.strategies.base import PlanContext
-from edgefl.strategies.slt import round_schedule, slt_config, trained_share
+from edgefl.planning.strategies.base import PlanContext
+from edgefl.planning.strategies.slt import round_schedule, slt_config, trained_share
 from edgefl.zoo import ModelRef
 
 # CNN layers (P_k -> M_k, with biases): conv5x5 1->32, conv5x5 32->64, fc 3136->512, fc 512->10

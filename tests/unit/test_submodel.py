@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from zoo_inputs import small
 
 from edgefl.errors import ConfigError, ReportRejected
-from edgefl.submodel import IndexSets, device_model, embed, ensure_aux, extract, index_sets
+from edgefl.server.submodel import IndexSets, device_model, embed, ensure_aux, extract, index_sets
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build, model_names
 from edgefl.zoo.base import scaled
 from edgefl.zoo.spaces import size, tensor_dims
-from zoo_inputs import SMALL_INPUTS, small
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

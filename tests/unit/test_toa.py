@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgefl.submodel import device_model, extract, index_sets
-from edgefl.toa import filter_norms, sample_filters, toa
+from edgefl.server.submodel import device_model, extract, index_sets
+from edgefl.server.toa import filter_norms, sample_filters, toa
 from edgefl.trainconfig import TrainConfig
 from edgefl.zoo import ModelRef, build
 

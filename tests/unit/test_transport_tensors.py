@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edgefl.errors import ReportRejected
-from edgefl.transport.tensors import PackedTensors, order_to_json, pack, shared_order
+from edgefl.protocol.tensors import PackedTensors, order_to_json, pack, shared_order
 
 TENSORS = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "steps": np.array(7, dtype=np.int64)}
 

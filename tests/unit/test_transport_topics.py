@@ -2,8 +2,8 @@
 ignored, and device ids that cannot be one topic level are refused with the fix."""
 import pytest
 
+from edgefl import topics
 from edgefl.errors import ConfigError
-from edgefl.transport import topics
 
 SHA = "ab" * 32
 

@@ -2,9 +2,9 @@ from dataclasses import replace
 
 import pytest
 
-from edgefl.calibration import RuntimeConstants
-from edgefl.cost import PeakTerms
-from edgefl.upper_bound import fit_families, fit_upper_bound, grid, joint_generic
+from edgefl.cost.constants import RuntimeConstants
+from edgefl.cost.model import PeakTerms
+from edgefl.cost.upper_bound import fit_families, fit_upper_bound, grid, joint_generic
 
 MiB = 2**20
 BASE = RuntimeConstants(100 * MiB, 0, 1.0, "test", trained_weight_copies=0.0, frozen_weight_copies=0.0)

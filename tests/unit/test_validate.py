@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from edgefl.errors import ReportRejected
-from edgefl.validate import check_tensors, clip_update, expected_of, update_norm
+from edgefl.server.validate import check_tensors, clip_update, expected_of, update_norm
 
 SENT = {"layers.3.weight": np.ones((4, 2), np.float32), "layers.3.bn.num_batches_tracked": np.array(5, np.int64)}
 EXPECTED = expected_of(SENT, SENT)

@@ -1,7 +1,7 @@
-"""What a Wire guarantees its owner whatever the broker (edgefl.transport.wire)."""
+"""What a Wire guarantees its owner whatever the broker (edgefl.protocol.wire)."""
 import time
 
-from edgefl.transport.memory_wire import MemoryHub
+from edgefl.protocol.memory_wire import MemoryHub
 
 
 def test_messages_that_arrive_before_the_handler_is_set_reach_it_in_order():

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
+from zoo_inputs import SMALL_INPUTS, small
 
 from edgefl.zoo import ModelRef, build, model_names
-from zoo_inputs import SMALL_INPUTS, small
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,0 +1,226 @@
+"""Close the loop: fit each runtime's constants to what devices really used, as an upper bound.
+
+A served run's history holds, per round and device, the cost model's predicted peak and the peak RSS the
+device measured for its training process; its plan says which config each device trained. What the cost
+model cannot know in advance is a runtime's overhead on that kind of device (allocator arenas, kernel
+libraries, what its OS maps in): the level of `RuntimeConstants`, not its shape. `fit_overheads` keeps the
+shape the memory benchmarks fitted on many configs (workspace factor, weight copies) and refits the
+fixed term the way they fit it (edgefl.cost.upper_bound): the least one under which every measured peak is
+predicted with its margin. The worst device sets it, not the median: a plan is a promise.
+
+A peak is evidence only about the plan it was measured under. `samples_from_run` refuses (keeps aside, with
+the reason) a report whose device trained another batch than the plan's config, more examples per pass
+than the plan's `examples`, or read its data other than a batch at a time (an agent holding its share in
+memory measures its data, not the runtime: the calibration would learn the data as overhead and exclude
+groups the plan could keep), and a report that does not say so (an older agent).
+
+The result is a calibration file (`{"schema", "runtimes": {name: {workspace_fixed_bytes, families, source}},
+"fit"}`) that `edgefl plan --calibration FILE` reads through `edgefl.cost.constants.load_calibration`. The refitted
+term is the calibrated model's family's own (`RuntimeConstants.families`), also for a family the benchmarks never
+measured: the generic terms stay the bound every other unmeasured family is priced with.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Optional
+
+from edgefl.cost.constants import DEFAULTS, RuntimeConstants
+from edgefl.cost.model import PeakTerms, config_cost
+from edgefl.cost.upper_bound import FITTED as BOUND_TERMS
+from edgefl.cost.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
+from edgefl.errors import ConfigError
+
+SCHEMA = "edgefl.calibration/2"
+DATA_READ = "batch"        # how devices read their data (a report's `data_read`): the one way calibrated
+
+
+@dataclass(frozen=True)
+class PeakSample:
+    runtime: str
+    group: str
+    device: str
+    round: int
+    predicted_bytes: int     # the cost model's peak under the constants the run was planned with
+    measured_bytes: int      # VmHWM of the device's training process
+    terms: PeakTerms         # that peak as a function of the constants (edgefl.cost.model.PeakTerms)
+    model: str = ""          # the zoo model trained: its family's constants are the ones refitted
+
+
+@dataclass(frozen=True)
+class Refused:
+    device: str
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RuntimeFit:
+    runtime: str
+    samples: int
+    shift_bytes: int                    # added to workspace_fixed_bytes
+    ratio_before: tuple[float, float]   # (min, max) of measured / predicted under the run's constants
+    ratio_after: tuple[float, float]
+    constants: RuntimeConstants
+
+
+def _band(pairs: list[tuple[int, int]]) -> tuple[float, float]:
+    ratios = [m / p for p, m in pairs]
+    return min(ratios), max(ratios)
+
+
+def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConstants] = DEFAULTS,
+                  runs: str = "") -> dict[str, RuntimeFit]:
+    """Per runtime, the fixed term of the constants its samples' model is priced with (its family's, or the
+    generic ones: RuntimeConstants.for_model) refitted as an upper bound on them; the shape is kept."""
+    by_runtime: dict[str, list[PeakSample]] = {}
+    for s in samples:
+        if s.measured_bytes > 0:
+            by_runtime.setdefault(s.runtime, []).append(s)
+    fits = {}
+    for runtime, rows in sorted(by_runtime.items()):
+        if runtime not in base:
+            raise ConfigError(f"history names runtime {runtime!r}, which the cost model does not know")
+        models = {r.model for r in rows}
+        if len(models) > 1:
+            raise ConfigError(f"calibrate one model's runs at a time: the runs train {', '.join(sorted(models))}")
+        model = models.pop()
+        old = base[runtime].for_model(model)
+        where = f" of {runs}" if runs else ""
+        fit = fit_upper_bound([r.terms for r in rows], [r.measured_bytes for r in rows], old,
+                              source=f"edgefl calibrate: fixed term an upper bound (+{MARGIN_FRACTION:.0%}, >= "
+                                     f"{MARGIN_BYTES >> 20} MiB) on {len(rows)} measured device peaks{where}")
+        new = fit.constants.workspace_fixed_bytes
+        # always the model's family's own entry: a model of a family the benchmarks never measured is priced
+        # with the generic terms, the bound over every measured family; its devices' peaks say nothing about
+        # another unmeasured family, which keeps that bound
+        placed = base[runtime].with_family(model, new, old.workspace_factor, old.trained_weight_copies,
+                                           old.frozen_weight_copies, old.device_bytes, old.hidden_bytes)
+        before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
+        fits[runtime] = RuntimeFit(runtime, len(rows), new - old.workspace_fixed_bytes, _band(before), fit.band,
+                                   replace(placed, source=fit.constants.source))
+    return fits
+
+
+def _refusal(plan_batch: int, plan_examples: Optional[int], examples: int, metrics: dict) -> Optional[str]:
+    """Why a report's peak says nothing about the plan's config (None: it does)."""
+    if "data_read" not in metrics or "batch_size" not in metrics:
+        return "the report does not say how the device read its data and at which batch (an older agent)"
+    if metrics["data_read"] != DATA_READ:
+        return f"the device read its data {metrics['data_read']!r}, not a batch at a time: its peak holds its data"
+    if metrics["batch_size"] != plan_batch:
+        return f"trained batches of {metrics['batch_size']}, the plan's config has {plan_batch}"
+    if plan_examples is not None and examples > plan_examples:
+        return f"trained {examples} examples per pass, the plan assumes {plan_examples}"
+    return None
+
+
+def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], list[Refused]]:
+    """Predicted and measured peaks of every report in a run folder (history.json + plan.json), with the
+    config each device trained; and the reports refused, with why (module doc)."""
+    from edgefl.cost.profile_store import ProfileStore
+    from edgefl.planning.plan import Plan
+
+    run = Path(run)
+    store = store or ProfileStore()
+    try:
+        history = json.loads((run / "history.json").read_text())
+        plan = Plan.read(run / "plan.json")
+        out, refused = [], []
+        for record in history["rounds"]:
+            measured = record.get("measured_peak_bytes") or {}
+            metrics = record.get("device_metrics") or {}
+            examples = record.get("examples") or {}
+            for device, peak in measured.items():
+                group = plan.groups[record["sampled"][device]]
+                step = group.step_at(record["round"])
+                configs = step.sequence or (step.config,)
+                costs = [config_cost(store, plan.model, c, group.runtime, DEFAULTS[group.runtime]) for c in configs]
+                k = DEFAULTS[group.runtime].for_model(plan.model.name)
+                config, terms = max(zip(configs, (c.terms for c in costs)), key=lambda ct: ct[1].peak(k))
+                why = _refusal(config.batch_size, group.examples, int(examples.get(device, 0)), metrics.get(device, {}))
+                if why:
+                    refused.append(Refused(device, record["round"], why))
+                    continue
+                out.append(PeakSample(group.runtime, group.name, device, record["round"],
+                                      record["predicted_peak_bytes"][device], int(peak), terms, plan.model.name))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{run}: not a served run with measured peaks ({type(exc).__name__}: {exc}); "
+                          "calibrate needs the history.json and plan.json that 'edgefl serve --state DIR' writes") from None
+    if not out and not refused:
+        raise ConfigError(f"{run}/history.json has no measured peak RSS in any report; calibrate needs a run "
+                          "served to real devices ('edgefl serve'), not an emulation")
+    return out, refused
+
+
+def calibration_json(fits: Mapping[str, RuntimeFit], refused: Iterable[Refused] = ()) -> dict:
+    return {
+        "schema": SCHEMA,
+        "runtimes": {r: {"workspace_fixed_bytes": f.constants.workspace_fixed_bytes, "families": f.constants.families,
+                         "source": f.constants.source} for r, f in fits.items()},
+        "fit": {r: {"samples": f.samples, "shift_bytes": f.shift_bytes,
+                    "measured_over_predicted_before": {"min": f.ratio_before[0], "max": f.ratio_before[1]},
+                    "measured_over_predicted_after": {"min": f.ratio_after[0], "max": f.ratio_after[1]}}
+                for r, f in fits.items()},
+        "refused": [{"device": x.device, "round": x.round, "reason": x.reason} for x in refused],
+    }
+
+
+def calibration_notes(path: str | Path, constants: Mapping[str, RuntimeConstants], model: str) -> list[str]:
+    """What a calibration file changes for `model` against the built-in constants, and why (its fit), one line
+    per runtime."""
+    try:
+        fits = json.loads(Path(path).read_text()).get("fit") or {}
+    except (OSError, ValueError, AttributeError):
+        fits = {}
+    notes = []
+    for runtime, k in constants.items():
+        k, old = k.for_model(model), DEFAULTS[runtime].for_model(model)
+        changed = [f for f in FITTED if getattr(k, f) != getattr(old, f)]
+        if not changed:
+            continue
+        what = ", ".join(f"{f} {_show(getattr(old, f))} -> {_show(getattr(k, f))}" for f in changed)
+        fit = fits.get(runtime)
+        why = (f"; measured/predicted on {fit['samples']} device peaks {_band_text(fit['measured_over_predicted_before'])}"
+               f" before, {_band_text(fit['measured_over_predicted_after'])} after" if fit else "")
+        notes.append(f"calibration {path}: {runtime}: {what} ({k.source}{why})")
+    return notes
+
+
+FITTED = ("baseline_bytes",) + BOUND_TERMS      # what a calibration may change: the measured baseline too
+
+
+def _show(v) -> str:
+    from edgefl.units import format_bytes
+    return format_bytes(v) if isinstance(v, int) else f"{v:g}"
+
+
+def _band_text(d: dict) -> str:
+    return f"{d['min']:.2f}-{d['max']:.2f}"
+
+
+def plan_changes(without, with_calibration) -> list[str]:
+    """Per group, what the calibration changed in a plan (Plan without it -> with it): admission, the first
+    step's config, its predicted peak. One line per changed group, or one saying nothing changed."""
+    from edgefl.units import format_bytes
+
+    lines = []
+    for name, g in with_calibration.groups.items():
+        old = without.groups.get(name)
+        if old is None:
+            continue
+        if old.excluded != g.excluded:
+            state = {True: "excluded", False: "admitted"}
+            lines.append(f"group {name}: {state[g.excluded]} with the calibration, {state[old.excluded]} without")
+            continue
+        if g.excluded:
+            continue
+        a, b = old.steps[0], g.steps[0]
+        fields = [(f, getattr(a.config, f), getattr(b.config, f)) for f in ("frozen_prefix", "end", "head_width", "rank")]
+        what = [f"{f.replace('_', ' ')} {x} -> {y}" for f, x, y in fields if x != y]
+        if what or len(old.steps) != len(g.steps) or a.predicted.peak_memory_bytes != b.predicted.peak_memory_bytes:
+            what.append(f"predicted peak {format_bytes(a.predicted.peak_memory_bytes)} -> "
+                        f"{format_bytes(b.predicted.peak_memory_bytes)}")
+            lines.append(f"group {name}: " + ", ".join(what))
+    return lines or ["the calibration changes no group's admission or first config"]

@@ -1,0 +1,189 @@
+"""Per-runtime constants of the cost model, and where each default comes from.
+
+`baseline_bytes` is what importing the runtime and opening a session costs before any model exists.
+`workspace_fixed_bytes` is memory the first training step allocates once (kernel libraries and their
+code pages, thread pools, allocator arenas; for torch also torch._dynamo, about 70 MiB, which torch.optim's
+optimizer classes and `torch.export.load` both import: a torch device process holds it whatever its
+optimizer, and so does the Python ExecuTorch runtime); `workspace_factor` scales the step's live-bytes peak
+(`edgefl.cost.model.step_peak_bytes`: kept activations, gradients and each layer's forward working set on the
+step's timeline) for what kernels allocate beyond the tensors the profiler sees. Defaults come from
+measurements on an x86_64 2-core machine; `edgefl calibrate` fits them from device reports and writes a
+JSON file that `load_calibration` reads instead.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from edgefl.errors import ConfigError
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class RuntimeConstants:
+    baseline_bytes: int
+    workspace_fixed_bytes: int
+    workspace_factor: float
+    source: str
+    # samples the runtime pushes through the frozen prefix at once (0: the whole batch). The prefix is
+    # inference, its rows independent: a device running it in such chunks holds one chunk's working set
+    # (edgefl.cost.model.step_peak_bytes). Exported artifacts tell the device (manifest `prefix_batch`).
+    prefix_batch: int = 0
+    # bytes a device process holds per byte of trained parameters beyond the weights, their gradients and
+    # the optimizer state (ORT: its gradient accumulation buffer and the gradient it adds into it; torch: the
+    # loaded artifact), and per byte of frozen weights beyond the weights (packed copies: XNNPACK's, MLAS's)
+    trained_weight_copies: float = 0.0
+    frozen_weight_copies: float = 0.0
+    # what a device process (`edgefl-device train`: the artifact loaded through the device runtime, its
+    # evaluation before and after training) holds beyond a bare training loop of the same config: fitted where
+    # both were measured (torch: bench/memory_model.py's training loops beside the device rows); the planner
+    # prices devices, so every prediction includes it (edgefl.cost.model.PeakTerms.device)
+    device_bytes: int = 0
+    # what the kernels of trained hidden layers hold beyond the tensors the profiler sees, whatever their
+    # size (ExecuTorch: a convolution's patch matrices, built 2 MiB at a time, and their gradients; none when
+    # only the last layer trains): fitted per measured family (edgefl.cost.model.PeakTerms.hidden)
+    hidden_bytes: int = 0
+    # a runtime's memory depends on the graphs it runs: per model family whose peaks were measured
+    # (`family`), that family's own workspace terms (fixed bytes, factor, trained and frozen weight copies,
+    # then device bytes and hidden bytes where given; without them a family's fixed bytes already hold them);
+    # a model of any other family gets the terms above, an upper bound over every measured family
+    families: tuple[tuple, ...] = ()
+
+    def for_model(self, model: str) -> "RuntimeConstants":
+        """The constants a model of zoo name `model` is priced with."""
+        name = family(model)
+        for f, fixed, factor, trained, frozen, *extra in self.families:
+            if f == name:
+                device, hidden = (list(extra) + [0, 0])[:2]
+                return replace(self, workspace_fixed_bytes=fixed, workspace_factor=factor,
+                               trained_weight_copies=trained, frozen_weight_copies=frozen,
+                               device_bytes=device, hidden_bytes=hidden, families=())
+        return self
+
+    def with_family(self, model: str, fixed: int, factor: float, trained: float, frozen: float,
+                    device: int = 0, hidden: int = 0) -> "RuntimeConstants":
+        name = family(model)
+        rest = tuple(f for f in self.families if f[0] != name)
+        entry = (name, fixed, factor, trained, frozen, device, hidden)
+        return replace(self, families=tuple(sorted(rest + (entry,))))
+
+
+def unmeasured_note(constants: RuntimeConstants, runtime: str, model: str) -> str | None:
+    """A plan's note when `model`'s family has no measured constants of its own on `runtime` (None when it has):
+    it is priced with the generic terms (edgefl.cost.upper_bound.fit_families), a bound that holds with more memory
+    to spare than a family's own."""
+    name = family(model)
+    measured = sorted(f[0] for f in constants.families)
+    if not measured or name in measured:
+        return None
+    return (f"{runtime}: no measured memory constants for {name}; its peaks are priced with the generic terms "
+            f"fitted over the measured families ({', '.join(measured)}): safe, and looser than a family's own; 'edgefl "
+            f"calibrate' on a served run fits {name}'s own")
+
+
+def family(model: str) -> str:
+    """A model's family for its memory constants: ResNets of every depth are one."""
+    return "resnet" if model.startswith("resnet") else model
+
+
+# Workspace terms of every runtime below are fitted by edgefl.cost.upper_bound: per measured model family its own terms,
+# each an upper bound on every measured peak of that family with a margin of max(2%, 1 MiB) (the grid's constants
+# that maximise the smallest measured/predicted); a model of any other family gets, term by term, the largest any
+# family needed (ORT: one fit over every family's peaks, edgefl.cost.upper_bound.joint_generic). Measured 2026-11-25 on
+# x86_64, one thread, glibc's mmap threshold fixed at 128 KiB, batch 32, 20 steps with the device's default
+# evaluation (256 examples) before and after.
+DEFAULTS: dict[str, RuntimeConstants] = {
+    # torch as `edgefl-device train` runs it. baseline_bytes: RSS right after `import torch` in a fresh process
+    # (bench/memory_model.py: torch_import_rss_bytes). Workspace terms as above, fitted on 316 peaks
+    # (bench/memory_model.py): 274 bare training loops of every zoo model (no device runtime, no evaluation) and
+    # the 42 device processes of bench/artifact_memory.py (exported torch sets of resnet20, cnn, transformer,
+    # vgg11bn, densenet40, vit with frozen prefixes 0, L/2, L-1 x head widths 0.25/0.5/1). The fixed term covers
+    # the loops; device_bytes and the weight copies are what a device process adds (it loads the artifact:
+    # weight copies; it evaluates: fixed bytes). Refitted on the device rows as they are since the upload holds
+    # one copy: measured/predicted 0.92-0.98 in sample (device rows 0.92-0.98); held out (a family priced with the
+    # others' terms: the generic fixed term is the largest F + D of any family and its device bytes 0, as how a new
+    # family's total splits between loop and device process is not known), loops and device rows: cnn 0.87-0.95,
+    # densenet40 0.90-0.96, resnet 0.87-0.96, transformer 0.86-0.98, vgg11bn 0.87-0.96, vit 0.88-0.94. Under glibc's
+    # default dynamic mmap threshold the heap fragments and peaks grow up to ~2x: see bench/results/memory_model.json,
+    # allocator.
+    "torch": RuntimeConstants(
+        228_560_896, 144_457_451, 1.11,
+        "measured import RSS; workspace an upper bound per family on measured peaks",
+        prefix_batch=0, trained_weight_copies=2.0, frozen_weight_copies=0.1, device_bytes=0,
+        families=(("cnn", 110_886_589, 0.04, 0.2, 0.0, 23_901_314),
+                  ("densenet40", 131_460_664, 1.1, 0.0, 0.0, 5_608_410),
+                  ("resnet", 114_100_401, 1.1, 0.0, 0.0, 24_285_768),
+                  ("transformer", 112_824_104, 1.11, 2.0, 0.0, 26_072_374),
+                  ("vgg11bn", 117_063_119, 0.27, 0.5, 0.1, 27_394_332),
+                  ("vit", 106_409_103, 1.1, 1.0, 0.0, 23_767_566),)),
+    # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim; no torch, no onnx; the CPU arena
+    # and buffer reuse off; the prefix's weights as external data). baseline_bytes: RSS of a fresh process after
+    # importing it and opening one session (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms as
+    # above, a family's own with hidden_bytes, the weight copies at most 1 each (bench/artifact_memory.py:
+    # GRID_COPIES). On 42 peaks of exported sets (resnet20, cnn, transformer, vgg11bn, densenet40, vit; frozen 0,
+    # L/2, L-1 x head widths 0.25/0.5/1): measured/predicted 0.94-0.98 (cnn 0.96-0.98, densenet40 0.97-0.98,
+    # resnet 0.97-0.98, transformer 0.95-0.98, vgg11bn 0.94-0.98, vit 0.98). The families' workspace factors are
+    # 0.92-1.12: without buffer reuse ORT's training graph holds what torch autograd's accounting (the step
+    # peak) says it holds; with it they were 1.06-1.61 (bench/results/ort_mem_reuse.json). As they agree, a family
+    # never measured gets one fit over all 42 peaks, its weight copies at their ceiling (1 each) and a margin of
+    # 3%: the least under which, leaving each family out, the fit on the others bounded it. Held out (fitted on the
+    # other five, checked on the sixth): cnn 0.824-0.938, densenet40 0.775-0.910, resnet 0.880-0.953, transformer
+    # 0.821-0.952, vgg11bn 0.797-0.954, vit 0.880-0.922; each term the largest of the families' own fits gave
+    # 0.702-0.929 (its factor the CNN's, 1.47: its 6-15 MiB step peaks leave its factor and fixed term free to trade).
+    # prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a time
+    # (edgefl.device_runtime.trainers.ort_trainer).
+    "ort": RuntimeConstants(
+        52_015_104, 20_560_295, 1.29,
+        "measured import + session RSS; workspace an upper bound per family on measured peaks",
+        prefix_batch=4, trained_weight_copies=1.0, frozen_weight_copies=1.0,
+        families=(("cnn", 13_603_060, 0.92, 0.9, 0.0, 0, 6_177_444),
+                  ("densenet40", 18_317_501, 1.04, 0.8, 0.6, 0, 5_600_778),
+                  ("resnet", 15_198_618, 1.08, 0.0, 0.2, 0, 6_117_575),
+                  ("transformer", 27_233_867, 1.02, 0.0, 0.1, 0, 32_175_383),
+                  ("vgg11bn", 22_699_029, 1.06, 0.2, 0.2, 0, 2_937_248),
+                  ("vit", 21_910_656, 1.12, 0.0, 0.0, 0, 5_499_432),)),
+    # executorch 1.5.1 as devices run it: the native trainer (edgefl-et-train: C++, no Python, no torch).
+    # baseline_bytes: peak RSS of a fresh `edgefl-et-train --version` under GNU time, its libraries loaded and
+    # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms as above, a
+    # family's own with hidden_bytes, the weight copies at most 1 each as ORT's. On 35 peaks of exported sets:
+    # measured/predicted 0.90-0.98 (cnn 0.90-0.96, resnet 0.91-0.98, transformer 0.92-0.98, vgg11bn 0.92-0.98, vit
+    # 0.91-0.98); held out: cnn 0.69-0.87, resnet 0.74-0.95, transformer 0.77-0.96, vgg11bn 0.80-0.93, vit
+    # 0.71-0.88. A peak is in training on 33 of the 35 sets (each report has each phase's peak): the loaded
+    # process + 4-5 MiB of kernel code + the optimizer's state. On two head-only sets (the CNN's and VGG-11's, 6.3
+    # and 35 MiB frozen) it is at load, where XNNPACK packs the prefix's weights while the program's copy is alive
+    # (bench/artifact_memory.py: executorch_phases). Most of a peak is the suffix program's
+    # memory-planned arena: the step's live bytes, and when a layer before the last trains a few MiB more (a
+    # convolution's patch matrices, built 2 MiB at a time, and their gradients: hidden_bytes; ResNet-20's arena
+    # is the cost model's step peak + 5-6 MiB at frozen prefixes 0 and 10, + 0 with the head alone). prefix_batch
+    # 1: the native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer
+    # python, imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
+    "executorch": RuntimeConstants(
+        5_148_672, 9_726_672, 1.57,
+        "measured native trainer RSS; workspace an upper bound per family on measured native peaks",
+        prefix_batch=1, trained_weight_copies=1.0, frozen_weight_copies=0.9,
+        families=(("cnn", 8_290_165, 1.09, 0.0, 0.0, 0, 2_815_496),
+                  ("resnet", 6_248_387, 1.12, 1.0, 1.0, 0, 6_687_318),
+                  ("transformer", 4_803_661, 1.51, 0.0, 0.0, 0, 14_009_851),
+                  ("vgg11bn", 8_767_202, 1.34, 0.5, 0.8, 0, 959_470),
+                  ("vit", 0, 1.42, 0.9, 0.9, 0, 1_626_099),)),
+}
+
+
+def load_calibration(path: str | Path | None = None) -> dict[str, RuntimeConstants]:
+    """Defaults, overridden per runtime by a calibration file if one is given."""
+    constants = dict(DEFAULTS)
+    if path is None:
+        return constants
+    try:
+        data = json.loads(Path(path).read_text())
+        for runtime, values in data["runtimes"].items():
+            if runtime not in DEFAULTS:
+                raise ConfigError(f"{path}: runtimes.{runtime}: unknown runtime; use one of {', '.join(DEFAULTS)}")
+            merged = {**asdict(DEFAULTS[runtime]), **values}
+            merged["families"] = tuple(tuple(f) for f in merged["families"])
+            constants[runtime] = RuntimeConstants(**merged)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a calibration file ({exc}); regenerate it with 'edgefl calibrate'") from None
+    return constants

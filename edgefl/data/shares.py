@@ -1,0 +1,34 @@
+"""Each device's share of a data set, as `edgefl emulate` and `edgefl fleet up` give it: the partition's
+split of the training examples over the fleet's devices in sorted device order, then cut to the
+`examples:` of the device's group, so that a device trains on exactly the data the plan's FLOPs assume
+(`edgefl.planning.plan.round_flops`). A share smaller than its group's `examples:` is an error, not a silent
+shortfall."""
+from __future__ import annotations
+
+import numpy as np
+
+from edgefl.errors import ConfigError
+
+
+def device_shares(fleet, train, partition: str, seed: int, *, source: str = "the data set") -> dict[str, np.ndarray]:
+    """{device: indices into `train`} for every device of `fleet`."""
+    from edgefl.data import parse_partition
+
+    devices = sorted(d for g in fleet.groups for d in g.device_ids)
+    shares = parse_partition(partition).split(train.y, len(devices), seed, groups=getattr(train, "groups", None))
+    if len(shares) < len(devices):
+        raise ConfigError(f"--partition {partition}: the data has {len(shares)} natural clients for "
+                          f"{len(devices)} devices; use a smaller fleet or another partition")
+    out = dict(zip(devices, shares[: len(devices)], strict=True))
+    for g in fleet.groups:
+        if g.examples is None:
+            continue
+        short = {d: len(out[d]) for d in g.device_ids if len(out[d]) < g.examples}
+        if short:
+            device, have = min(short.items(), key=lambda kv: kv[1])
+            raise ConfigError(f"fleet.groups.{g.name}.examples: {g.examples}, but {len(short)} of its devices get "
+                              f"fewer from {source} ({device}: {have}, partition {partition} over {len(devices)} "
+                              "devices); lower examples, drop --train-limit, or use a larger data set")
+        for d in g.device_ids:
+            out[d] = out[d][: g.examples]
+    return out

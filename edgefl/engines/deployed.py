@@ -1,0 +1,135 @@
+"""Deployment: the coordinator's round loop driving real devices over MQTT.
+
+It lives with the CLI because it wires the export room into the core. Not a second system: the same
+Coordinator, strategy and aggregation as `edgefl emulate`, the same global model (`TorchServerModel`,
+seeded the same way); what differs is what an instruction carries. Instead of tensors, a device gets the
+artifact set of its config for its runtime, filled with its slice of the current global weights:
+
+* a set is exported once per (config, runtime, index sets) and only has its weights rewritten in later
+  rounds (`edgefl.export.refresh_weights`), once per round however many devices train it;
+* shipping it (`WireTransport.ship_artifact`) offers the manifest and every file by sha256: a device
+  fetches only what its cache lacks, so unchanged graphs and an unchanged frozen prefix never travel twice;
+* the instruction carries the set's id and the cost model's predicted peak, which the device checks
+  against the memory it declared before it trains, and the bytes its upload may hold (`upload_bytes`),
+  past which the transport refuses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+from edgefl.errors import ConfigError
+from edgefl.fleet import Fleet, Group, device_id
+from edgefl.messages import RoundInstruction
+from edgefl.planning.plan import Plan
+from edgefl.server.coordinator import Delivery
+from edgefl.server.global_model import TorchServerModel
+
+SET_ROLE = "set"     # edgefl.device_runtime.agent.SET_ROLE: the role of a suffix set in an instruction
+
+
+def fleet_of(plan: Plan, fleet: Optional[Fleet] = None, where: str = "--devices") -> Fleet:
+    """The fleet a plan was made for: `fleet` when given (it must have the plan's groups with the plan's device
+    counts: a plan served to another fleet would wait for devices it has no plan for, or plan for devices
+    that never come), else one rebuilt from the plan with device ids as a fleet file's `count: N` names them."""
+    if fleet is not None:
+        _check_same_fleet(plan, fleet, where)
+        return fleet
+    groups = []
+    for name, g in plan.groups.items():
+        ids = tuple(device_id(name, i) for i in range(g.count))
+        groups.append(Group(name, ids, g.memory_budget_bytes, g.upload_budget_bytes, g.flops_budget, g.runtime,
+                            g.examples, None))
+    return Fleet(name="plan", groups=tuple(groups))
+
+
+def _check_same_fleet(plan: Plan, fleet: Fleet, where: str) -> None:
+    from edgefl.units import listing
+
+    counts = {g.name: g.count for g in fleet.groups}
+    differ = []
+    if missing := [g for g in plan.groups if g not in counts]:
+        differ.append(f"the plan's group{'s' * (len(missing) > 1)} {listing(missing)} not in the fleet file")
+    if extra := [g for g in counts if g not in plan.groups]:
+        differ.append(f"the fleet file's group{'s' * (len(extra) > 1)} {listing(extra)} not in the plan")
+    differ += [f"{name} has {counts[name]} devices in the fleet file, {g.count} in the plan"
+               for name, g in plan.groups.items() if name in counts and g.count != counts[name]]
+    if differ:
+        raise ConfigError(f"{where} describe different fleets: {'; '.join(differ)}; pass the fleet file the plan "
+                          "was made from, or plan again with 'edgefl plan --devices' this file")
+
+
+def check_deployable(plan: Plan) -> None:
+    """Artifacts train one model on cross-entropy, one config per round: methods whose devices train block
+    sequences, exits or distilling copies run in the emulation only."""
+    for name, g in plan.groups.items():
+        for step in g.steps:
+            config = step.config
+            if step.sequence or getattr(config, "exits", ()) or getattr(config, "copies", 1) > 1 or "mutual-distillation" in g.flags:
+                raise ConfigError(f"plan group {name!r} ({plan.method}) trains block sequences, exit heads or "
+                                  "distilling copies, which exported artifacts do not run yet; emulate this method "
+                                  "with 'edgefl emulate', or plan another one for devices")
+
+
+class ArtifactShipper:
+    """Artifact sets under `root`, per (config, runtime, index sets), refreshed once per weights version."""
+
+    def __init__(self, root: Path, backend_for: Callable[[str], object]):
+        from edgefl.export.pipeline import PrefixCache
+
+        self.root = Path(root)
+        self.backend_for = backend_for
+        self.prefixes = PrefixCache(self.root / ".prefixes")
+        self._version: dict[Path, int] = {}
+
+    def prepare(self, ref, config, indices, runtime: str, state: Mapping, weights_version: int) -> Path:
+        from edgefl.export.pipeline import export_set, refresh_weights
+        from edgefl.manifest import ArtifactSet
+
+        # devices with the same config share a set unless their channel index sets differ (Federated
+        # Dropout's random sets, FedRolex's rolling window): the set holds the device's slice of the weights
+        tag = hashlib.sha256(repr((indices.widths, sorted(indices.kept.items()))).encode()).hexdigest()[:10]
+        folder = self.root / f"{config.hash()}-{runtime}-{tag}"
+        backend = self.backend_for(runtime)
+        if folder not in self._version:
+            if (folder / "manifest.json").exists():
+                self._version[folder] = ArtifactSet.open(folder).suffix.weights_version
+            else:
+                export_set(ref, config, state, backend, folder, indices=indices, weights_version=weights_version,
+                           cache=self.prefixes)
+                self._version[folder] = weights_version
+        if self._version[folder] != weights_version:
+            refresh_weights(folder, state, backend, indices=indices, weights_version=weights_version,
+                            cache=self.prefixes)
+            self._version[folder] = weights_version
+        return folder
+
+
+class DeployedServerModel(TorchServerModel):
+    """The global model of a served run: as in emulation, but each delivery is an artifact set shipped to
+    the device (its id in `Delivery.artifacts`) instead of tensors."""
+
+    def __init__(self, *args, shipper: ArtifactShipper, ship: Callable[[str, Path], str],
+                 runtime_of: Mapping[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shipper, self.ship, self.runtime_of = shipper, ship, dict(runtime_of)
+
+    def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
+        delivery = super().weights_for(instruction, device_seed)
+        parts, expected = delivery.handle
+        (config, indices), = parts          # check_deployable: one config per instruction
+        folder = self.shipper.prepare(self.ref, config, indices, self.runtime_of[instruction.device_id], self.state,
+                                      instruction.weights_version)
+        from edgefl.manifest import ArtifactSet
+
+        predicted = ArtifactSet.open(folder, verify=False).suffix.predicted or {}
+        delivery.artifacts = {SET_ROLE: self.ship(instruction.device_id, folder)}
+        delivery.weights = {}
+        if "peak_memory_bytes" in predicted:
+            delivery.options["predicted_peak_bytes"] = predicted["peak_memory_bytes"]
+        # the trained tensors as they travel up (one flat float32 buffer): the transport refuses an upload
+        # past this before it holds the rest of it
+        delivery.options["upload_bytes"] = 4 * sum(math.prod(shape) for shape, _ in expected.values())
+        return delivery

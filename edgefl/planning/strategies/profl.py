@@ -1,0 +1,150 @@
+"""ProFL: progressive training by architectural block.
+
+Blocks follow the architecture's stages (4 for the CIFAR ResNets; `blocks` merges stages to fewer).
+Progressive model shrinking trains blocks T..2 back to front, each with an output module standing in
+for the blocks after it (one conv per later stage, then the classifier); progressive model growing then
+trains blocks 1..T front to back with the earlier blocks frozen. A device that cannot afford the block
+being trained trains only the output module. The rounds given to each step here are an even split:
+the training half switches steps online by effective movement (ProFL sec. 3.3).
+
+Training half: the steps run in the plan's order (shrinking back to front, then growing front to back),
+ignoring the plan's round ranges; a group trains its own config of the current step, or sits out where it
+has none. After each round's aggregation the global tensors of the block being trained (its layers'
+parameters; the output modules' where no group trains the block) are snapshot, and once
+edgefl.planning.progress.should_freeze(H, W, phi, window) holds, the next round moves to the next step; the last
+step trains to the end. Steps the plan gives no rounds to (R below the number of steps) are absent.
+Defaults: H = 5, window = 5, W = 3, phi = 0.01 (the paper gives no values; freezing needs H + window +
+W - 1 snapshots, about 12 rounds per step). `record.decisions` shows the step, EM, slope and switches.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from edgefl.planning.plan import Plan, Step
+from edgefl.planning.progress import movement_series, should_freeze, slopes
+from edgefl.planning.strategies.base import PlanContext, Strategy, deepest_trained, group_plan
+from edgefl.planning.strategies.slt import round_schedule
+
+
+def block_ends(ctx: PlanContext, blocks: Optional[int]) -> list[int]:
+    L = ctx.num_layers
+    ends = sorted({b for b in ctx.full_profile.stages if 0 < b < L - 1}) + [L]
+    if blocks is not None and blocks < len(ends):
+        # merge stages evenly into `blocks` blocks, keeping the last one ending at L
+        ends = [ends[round((i + 1) * len(ends) / blocks) - 1] for i in range(blocks)]
+    return ends
+
+
+class ProFL(Strategy):
+    name = "profl"
+
+    def __init__(self, blocks: Optional[int] = None, H: int = 5, W: int = 3, phi: float = 0.01, window: int = 5):
+        self.blocks, self.H, self.W, self.phi, self.window = blocks, H, W, phi, window
+        self.current = 0                       # index into the plan's step order
+        self.last_trained: Optional[int] = None   # the step the last round trained (evaluation judges it)
+        self.plan_: Optional[Plan] = None
+        self.snapshots: deque = deque(maxlen=H + window + W - 1)   # all the last W slopes depend on
+        self.keys: tuple[str, ...] = ()
+
+    def order(self, plan: Plan) -> list[tuple[int, int]]:
+        """The steps in the plan's order, named by their round range (shared by every group's step)."""
+        return sorted({s.rounds for g in plan.groups.values() for s in g.steps})
+
+    def configure_round(self, plan: Plan, round: int, group: str) -> Optional[Step]:
+        self.plan_ = plan
+        order = self.order(plan)
+        if not order:
+            return None
+        key = order[min(self.current, len(order) - 1)]
+        return next((s for s in plan.groups[group].steps if s.rounds == key), None)
+
+    def evaluated_config(self, plan: Plan):
+        """The model the current step trains: the blocks up to its end and its output module, until a step
+        ends in the classifier (the last block, shrinking's first step and growing's last). Mid-schedule the
+        whole model is no model at all: its later blocks were trained (shrinking) on features that growing's
+        retraining of the earlier blocks has since replaced, and it scores at chance until growing reaches
+        the classifier. Asked at every evaluation, since the step moves online; a round that switched steps is
+        judged by the step it trained, not by the next one's untrained output module."""
+        if not self.order(plan):
+            return None
+        step = self.current if self.last_trained is None else self.last_trained
+        return deepest_trained([s.config for s in self.step_configs(plan, step)])
+
+    def step_configs(self, plan: Optional[Plan] = None, step: Optional[int] = None) -> list[Step]:
+        """Every group's step `step` (default: the current one) of `plan` (default: the one being run)."""
+        plan = plan or self.plan_
+        order = self.order(plan)
+        key = order[min(self.current if step is None else step, len(order) - 1)]
+        return [s for g in plan.groups.values() for s in g.steps if s.rounds == key]
+
+    def tracked(self, state: Mapping[str, Any]) -> tuple[str, ...]:
+        """Parameters of the block the current step trains (its output modules' if no group trains it)."""
+        configs = [s.config for s in self.step_configs()]
+        layers = sorted({i for c in configs for i in c.trained_layers})
+        prefixes = tuple(f"layers.{i}." for i in layers) if layers else tuple(
+            {c.aux_prefix for c in configs if c.aux_head is not None})
+        return tuple(k for k in state if k.startswith(prefixes) and "running_" not in k and "num_batches" not in k)
+
+    def observe(self, state: Mapping[str, Any]) -> None:
+        """Append the tracked block's snapshot; a changed set of tensors (an output module that appeared)
+        starts the history afresh."""
+        keys = self.tracked(state)
+        if keys != self.keys:
+            self.snapshots.clear()
+            self.keys = keys
+        if keys:
+            self.snapshots.append(np.concatenate([np.asarray(state[k]).astype(np.float32, copy=False).ravel()
+                                                  for k in keys]))
+
+    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
+        if self.plan_ is None or state is None or not self.order(self.plan_):
+            return
+        self.last_trained = self.current
+        self.observe(state)
+        history = list(self.snapshots)
+        d: dict[str, Any] = {"step": self.current, "step_label": self.step_configs()[0].label.split(":")[0]}
+        if len(history) > self.H:
+            d["effective_movement"] = movement_series(history[-(self.H + 1):], self.H)[-1]
+        if len(history) >= self.H + self.window:
+            d["slope"] = slopes(history, self.H, self.window)[-1]
+        if self.current < len(self.order(self.plan_)) - 1 and should_freeze(history, self.H, self.W, self.phi,
+                                                                             self.window):
+            self.current += 1
+            d["switched_to"] = self.current
+            self.keys = ()
+            self.observe(state)   # a fresh history: the next block as it stands before its first round
+        record.decisions.update(d)
+
+    def plan(self, ctx: PlanContext):
+        L = ctx.num_layers
+        ends = block_ends(ctx, self.blocks)
+        starts = [0] + ends[:-1]
+        T = len(ends)
+
+        def train_block(t):
+            s, e = starts[t], ends[t]
+            return ctx.config(frozen_prefix=s, trained_end=e, aux_head="conv") if e < L else ctx.config(frozen_prefix=s)
+
+        def output_only(t):
+            e = ends[t]
+            return ctx.config(frozen_prefix=e, trained_end=e, aux_head="conv") if e < L else ctx.config(frozen_prefix=L - 1)
+
+        order = [("shrink", t) for t in range(T - 1, 0, -1)] + [("grow", t) for t in range(T)]
+        ranges = round_schedule(ctx.rounds, [i + 1 for i in range(len(order))], len(order))
+        groups = {}
+        for g in ctx.fleet.groups:
+            steps = []
+            for (stage, t), rounds in zip(order, ranges, strict=True):
+                if rounds[0] > rounds[1]:
+                    continue
+                for config, what in ((train_block(t), "block"), (output_only(t), "output module only")):
+                    if ctx.fits(config, g):
+                        steps.append(Step(rounds=rounds, config=config, predicted=ctx.cost(config, g.runtime),
+                                          label=f"{stage} block {t + 1}/{T}: {what}"))
+                        break
+            groups[g.name] = group_plan(ctx, g, steps, [output_only(t) for t in range(T)])
+        notes = [f"blocks end at layers {ends}; {len(order)} steps (shrinking {T - 1}, growing {T})"]
+        return self.new_plan(ctx, groups, notes)
