@@ -99,10 +99,10 @@ def built(backend: str) -> bool:
     """Its export module, its trainer and their runtime are installed (the ExecuTorch pair joins by existing)."""
     import importlib.util
 
-    from edgefl.device_runtime.trainers.base import _TRAINERS
-    from edgefl.export.backends import _BACKENDS
+    from edgefl.device_runtime.trainers.base import trainer_modules
+    from edgefl.export.backends import backend_modules
     return all(importlib.util.find_spec(m) is not None
-               for m in (_BACKENDS[backend][0], _TRAINERS[backend][0], *_BACKENDS[backend][3]))
+               for m in (*backend_modules(backend), trainer_modules(backend)[0]))
 
 
 def configs(L: int, pairs_text: str | None = None) -> list[TrainConfig]:
@@ -146,9 +146,9 @@ def ort_baseline(folder: Path) -> int:
     onnx.save(model, folder / "probe.onnx")
     code = ("import sys; sys.modules['torch'] = None\n"
             "from edgefl.device_runtime.ort_shim import training_api\n"
-            "from edgefl.device_runtime.trainers.ort_trainer import _session_options\n"
+            "from edgefl.device_runtime.trainers.ort_trainer import session_options\n"
             "training_api(); import onnxruntime\n"
-            f"s = onnxruntime.InferenceSession({str(folder / 'probe.onnx')!r}, _session_options(1))\n"
+            f"s = onnxruntime.InferenceSession({str(folder / 'probe.onnx')!r}, session_options(1))\n"
             "print([int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmRSS:')][0])")
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
     runs = [int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

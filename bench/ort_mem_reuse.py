@@ -39,14 +39,14 @@ MODELS = "resnet20,cnn,transformer,vgg11bn,densenet40,vit"
 # the device's child, with ORT's default (reuse on) put back into its sessions' options
 REUSE_ON = ("import sys\n"
             "from edgefl.device_runtime.trainers import ort_trainer\n"
-            "own = ort_trainer._session_options\n"
+            "own = ort_trainer.session_options\n"
             "def with_reuse(threads):\n"
             "    options = own(threads)\n"
             "    options.enable_mem_reuse = True\n"
             "    return options\n"
-            "ort_trainer._session_options = with_reuse\n"
-            "from edgefl.device_runtime.train_cmd import _child\n"
-            "sys.exit(_child(sys.argv[1:]))\n")
+            "ort_trainer.session_options = with_reuse\n"
+            "from edgefl.device_runtime.train_cmd import child_entry\n"
+            "sys.exit(child_entry(sys.argv[1:]))\n")
 
 
 def train(folder: Path, data: Path, steps: int, reuse: bool) -> dict:

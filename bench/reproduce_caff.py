@@ -54,8 +54,7 @@ from emulation_grid import run_method  # noqa: E402
 from pretrained_set import strictly_decreasing  # noqa: E402
 from reproduction import add_energy, compare  # noqa: E402
 
-from edgefl.cli.emulate_cmd import _pretrained_ref, _subset  # noqa: E402  (what `edgefl emulate --pretrained` does)
-from edgefl.data import load_dataset, parse_partition  # noqa: E402
+from edgefl.data import load_dataset, parse_partition, subset  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
 from edgefl.fleet import parse_fleet  # noqa: E402
 from edgefl.planning.strategies import STRATEGIES, PlanContext, get_strategy  # noqa: E402
@@ -93,13 +92,23 @@ def budget_for(ref, blocks: int, runtime: str, optimizer: str) -> int:
     return ctx.cost(ctx.config(frozen_prefix=ctx.num_layers - 1 - blocks), runtime).peak_memory_bytes
 
 
+def pretrained_model(root: Path, depths, train, strategy):
+    """The model `edgefl emulate --pretrained` starts from; CAFF chooses among the depths, as there."""
+    from edgefl.zoo.pretrained import pretrained_ref
+
+    ref, chosen = pretrained_ref(root, depths, train)
+    if strategy.name == "caff":
+        strategy.depths = chosen
+    return ref
+
+
 def admits(method: str, budget: int, pretrained: Path, train, runtime: str, optimizer: str) -> bool:
     """Some pretrained depth (CAFF: its own choice among them) has a plan that admits a device of `budget`."""
     from edgefl.zoo.pretrained import available
     strategy = get_strategy(method)
     fleet = fleet_of(1, budget, runtime)
     depths = [None] if method == "caff" else [[d] for d in sorted(available(pretrained))]
-    return any(not strategy.plan(PlanContext(fleet, _pretrained_ref(pretrained, d, train, strategy), batch_size=BATCH,
+    return any(not strategy.plan(PlanContext(fleet, pretrained_model(pretrained, d, train, strategy), batch_size=BATCH,
                                              optimizer=optimizer)).groups["all"].excluded for d in depths)
 
 
@@ -127,7 +136,7 @@ def baseline_ref(strategy, fleet, pretrained: Path, train, settings: LoopSetting
     from edgefl.zoo.pretrained import available
     admitted = {}
     for depth in sorted(available(pretrained), reverse=True):
-        ref = _pretrained_ref(pretrained, [depth], train, strategy)
+        ref = pretrained_model(pretrained, [depth], train, strategy)
         plan = strategy.plan(PlanContext(fleet, ref, rounds=settings.rounds, batch_size=BATCH, optimizer=optimizer))
         admitted[depth] = (sum(g.count for g in fleet.groups if not plan.groups[g.name].excluded), ref)
     depth = max(admitted, key=lambda d: (admitted[d][0], d))
@@ -152,7 +161,7 @@ def start_accuracies(result: dict, pretrained: Path, train, test, device: str = 
                 continue
             d = int(depth.group(1))
             if d not in found:
-                ref = _pretrained_ref(pretrained, [d], train, get_strategy("fedrolex"))
+                ref = pretrained_model(pretrained, [d], train, get_strategy("fedrolex"))
                 model = build(ref)
                 model.load_state_dict(load_pretrained(pretrained, ref))
                 found[d] = torch_trainer(ref, device).evaluate(model, TrainConfig(num_layers=len(model.layers)),
@@ -217,7 +226,7 @@ def main(argv=None) -> None:
         if args.pretrained is not None:
             options = fine_tuning_data_options(args.pretrained, "shakespeare")
             start_accuracies(result, args.pretrained, load_dataset("shakespeare", split="train", **options),
-                             _subset(load_dataset("shakespeare", split="test", **options), result["settings"]["test_windows"],
+                             subset(load_dataset("shakespeare", split="test", **options), result["settings"]["test_windows"],
                                      SEED + 1), args.device)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
@@ -229,8 +238,8 @@ def main(argv=None) -> None:
 
     options = fine_tuning_data_options(args.pretrained, "shakespeare")   # no client holds a pretrained play
     train = load_dataset("shakespeare", split="train", **options)
-    test = _subset(load_dataset("shakespeare", split="test", **options), args.test_limit, SEED + 1)
-    deepest = _pretrained_ref(args.pretrained, None, train, get_strategy("fedrolex"))
+    test = subset(load_dataset("shakespeare", split="test", **options), args.test_limit, SEED + 1)
+    deepest = pretrained_model(args.pretrained, None, train, get_strategy("fedrolex"))
     shares = parse_partition("natural").split(train.y, args.devices, args.seed, groups=train.groups)
     if len(shares) < args.devices:
         raise SystemExit(f"--devices {args.devices}: the data has only {len(shares)} speakers")
@@ -276,7 +285,7 @@ def main(argv=None) -> None:
         for method in methods:
             strategy = get_strategy(method)
             if method == "caff":                                           # chooses among every depth (eq. 3)
-                ref, admitted = _pretrained_ref(args.pretrained, None, train, strategy), None
+                ref, admitted = pretrained_model(args.pretrained, None, train, strategy), None
             else:
                 ref, admitted = baseline_ref(strategy, fleet, args.pretrained, train, loop, args.optimizer)
             started = time.strftime("%H:%M:%S")

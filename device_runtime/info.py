@@ -31,11 +31,7 @@ def device_info() -> dict:
 
 
 def version() -> str:
-    """The installed edgefl distribution's version (pyproject.toml's, the one source of it)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+    """The installed edgefl distribution's version, or why it is unknown."""
+    import edgefl
 
-    try:
-        return installed("edgefl")
-    except PackageNotFoundError:
-        return "unknown (edgefl is not installed; pip install edgefl)"
+    return edgefl.version() or "unknown (edgefl is not installed; pip install edgefl)"

@@ -232,11 +232,10 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
 
 
 def edgefl_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("edgefl")
-    except PackageNotFoundError:
-        return "0"
+    """The version the native trainer is stamped with ("0": a source tree that is not installed)."""
+    import edgefl
+
+    return edgefl.version() or "0"
 
 
 def runtime_libraries(target_name: Optional[str] = None) -> Path:

@@ -134,7 +134,7 @@ def print_report(r: dict) -> None:
         print(f"{key:16} {value}")
 
 
-def _child(argv: list[str]) -> int:
+def child_entry(argv: list[str]) -> int:
     from edgefl.device_runtime.child import child_main
 
     parser = argparse.ArgumentParser(prog="edgefl-device train")
@@ -151,4 +151,4 @@ def _backend(folder: Path) -> str | None:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1:]))
+    sys.exit(child_entry(sys.argv[1:]))

@@ -18,6 +18,12 @@ def backend_names() -> list[str]:
     return list(_BACKENDS)
 
 
+def backend_modules(name: str) -> tuple[str, ...]:
+    """The backend's module and the modules it needs: all importable is the backend installed."""
+    module, _, _, needs = _BACKENDS[name]
+    return (module, *needs)
+
+
 def register_backend(name: str, module: str, cls: str, extra: str, needs: tuple[str, ...] = ()) -> None:
     _BACKENDS[name] = (module, cls, extra, needs)
 

@@ -46,6 +46,12 @@ def trainer_names() -> list[str]:
     return list(_TRAINERS)
 
 
+def trainer_modules(runtime: str) -> tuple[str, str]:
+    """(the trainer's module, the module of the runtime it needs): both importable is the trainer installed."""
+    module, _, _, needs = _TRAINERS[runtime]
+    return module, needs
+
+
 def register_trainer(runtime: str, module: str, cls: str, extra: str, needs: str) -> None:
     _TRAINERS[runtime] = (module, cls, extra, needs)
 

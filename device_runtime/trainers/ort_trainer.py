@@ -30,7 +30,7 @@ from edgefl.manifest import ArtifactSet, TensorEntry
 SGD_SLICE = 1 << 16     # values the SGD step updates at a time (its scratch buffer: 256 KiB)
 
 
-def _session_options(threads: int):
+def session_options(threads: int):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -63,11 +63,11 @@ class OrtTrainer(ArtifactTrainer):
         self.prefix = None
         if artifacts.prefix is not None:
             self.prefix = onnxruntime.InferenceSession(str(artifacts.prefix_folder / artifacts.prefix.file("model")),
-                                                       _session_options(threads), providers=["CPUExecutionProvider"])
+                                                       session_options(threads), providers=["CPUExecutionProvider"])
         try:
             self.state = api.CheckpointState.load_checkpoint(str(folder / m.file("checkpoint")))
             self.module = api.Module(str(folder / m.file("training_model")), self.state,
-                                     session_options=_session_options(threads))
+                                     session_options=session_options(threads))
         except RuntimeError as exc:  # onnxruntime's own errors: a file the runtime cannot load
             raise ArtifactError(f"{folder}: ONNX Runtime cannot load the suffix ({str(exc).splitlines()[0]}); "
                                 "re-export it for onnxruntime-training 1.19") from None
@@ -155,7 +155,7 @@ class OrtTrainer(ArtifactTrainer):
 
         if self._eval is None:
             path = self.artifacts.folder / self.manifest.file("eval_model")
-            self._eval = onnxruntime.InferenceSession(str(path), _session_options(self.threads),
+            self._eval = onnxruntime.InferenceSession(str(path), session_options(self.threads),
                                                       providers=["CPUExecutionProvider"])
         if self._eval_state[0] != self.steps:   # the state's tensors as of this step, read once per evaluation
             names = [i.name for i in self._eval.get_inputs()[len(self.manifest.inputs):]]

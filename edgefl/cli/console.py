@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Mapping, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from edgefl.cost.model import Cost
-from edgefl.planning.plan import Plan
 from edgefl.units import format_bytes, format_flops, listing
+
+if TYPE_CHECKING:     # the commands that print them import these; `edgefl --help` need not
+    from edgefl.cost.model import Cost
+    from edgefl.planning.plan import Plan
 
 # piped output is not wrapped at rich's 80-column default: tables stay one row per step
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -138,3 +142,35 @@ def cost_table(cost: Cost, measured: dict | None, console: Console, title: str) 
     console.print(table)
     console.print(f"FLOPs per sample {format_flops(cost.flops_per_sample)}, upload {format_bytes(cost.upload_bytes)}, "
                   f"download {format_bytes(cost.download_bytes)}, trained parameters {cost.trained_params:,}")
+
+
+def emulated_round_line(record, rounds: int) -> str:
+    """One line per emulated round for logs and pipes: when it ended, the evaluation, who trained, how long."""
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} round {record.round}/{rounds}:"
+    if record.accuracy is not None:
+        line += f" accuracy {record.accuracy:.4f},"
+    if record.loss is not None:
+        line += f" loss {record.loss:.4f},"
+    line += f" trained {sum(record.participating.values())}/{len(record.sampled)} devices"
+    left_out = [f"{len(getattr(record, what))} {what}" for what in ("skipped", "failed", "rejected")
+                if getattr(record, what)]
+    if record.missing:
+        left_out.append(f"{len(record.missing)} missing")
+    if left_out:
+        line += f" ({', '.join(left_out)})"
+    return line + f", {record.wall_s:.1f} s"
+
+
+@contextmanager
+def round_display(console: Console, rounds: int):
+    """A live bar on a terminal; elsewhere (a pipe, a log file, CI) a line per round as it ends, since a bar
+    is drawn only when it finishes and a long run would print nothing for minutes."""
+    if not console.is_terminal:
+        yield lambda record: console.print(emulated_round_line(record, rounds), markup=False, highlight=False,
+                                           soft_wrap=True)
+        return
+    with Progress(TextColumn("round {task.completed}/{task.total}"), BarColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[acc]}"), console=console, transient=False) as bar:
+        task = bar.add_task("emulate", total=rounds, acc="")
+        yield lambda record: bar.update(task, advance=1, acc=f"accuracy {record.accuracy:.3f}"
+                                        if record.accuracy is not None else "")

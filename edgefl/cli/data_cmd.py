@@ -25,10 +25,9 @@ def export_share(
     data_root: Optional[Path] = typer.Option(None, "--data-root"),
 ):
     """Write one client's examples (x.npy, y.npy) and where they came from (share.json)."""
-    import numpy as np
-
     from edgefl.cli.console import stdout
     from edgefl.data import load_dataset, parse_partition
+    from edgefl.data.shares import save_share
 
     spec = parse_partition(partition)
     data = load_dataset(dataset, root=data_root, split=split)
@@ -37,9 +36,7 @@ def export_share(
         raise ConfigError(f"--client {client}: the {partition} partition of {dataset} has {len(shares)} clients "
                           f"(0..{len(shares) - 1})")
     idx = shares[client]
-    output.mkdir(parents=True, exist_ok=True)
-    np.save(output / "x.npy", np.ascontiguousarray(data.x[idx]))
-    np.save(output / "y.npy", np.asarray(data.y[idx], np.int64))
+    save_share(output, data.x[idx], data.y[idx])
     meta = {"dataset": dataset, "split": split, "partition": str(spec), "clients": len(shares), "client": client,
             "seed": seed, "examples": int(len(idx)), "classes": data.classes}
     if data.group_names is not None and spec.kind == "natural":

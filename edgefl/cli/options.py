@@ -1,10 +1,55 @@
-"""Turning command-line strings into typed values, with one-line errors naming the option."""
+"""The options several commands share, declared once, and turning command-line strings into typed values with
+one-line errors naming the option."""
 from __future__ import annotations
 
-from typing import Optional
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
 
 from edgefl.errors import ConfigError
-from edgefl.zoo import ModelRef, model_names
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class OptimizerName(str, Enum):
+    sgd = "sgd"
+    adamw = "adamw"
+
+
+MODELS = "resnet20, resnet32, resnet44, resnet56, densenet40, vgg11bn, cnn, transformer, vit"
+METHODS = "slt, caff, fedolf, fedepth, profl, fedavg, exclusive, small, fd, fedrolex, heterofl, fjord, depthfl, lora, fedhm"
+DATASETS = "fashion-mnist, mnist, cifar10, cifar100, shakespeare"
+PARTITIONS = "iid | dirichlet:ALPHA | shards:LABELS | natural"
+
+Devices = Annotated[Path, typer.Option("--devices", help="fleet.yaml describing the device groups")]
+Model = Annotated[str, typer.Option("--model", help=f"zoo model: {MODELS}")]
+Method = Annotated[str, typer.Option("--method", help=METHODS)]
+Dataset = Annotated[str, typer.Option("--dataset", help=DATASETS)]
+Partition = Annotated[str, typer.Option("--partition", help=PARTITIONS)]
+Seed = Annotated[int, typer.Option("--seed")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1)]
+LocalEpochs = Annotated[int, typer.Option("--local-epochs", min=1)]
+Lr = Annotated[float, typer.Option("--lr", min=0.0)]
+EvalEvery = Annotated[int, typer.Option("--eval-every", min=1)]
+Optimizer = Annotated[OptimizerName, typer.Option("--optimizer")]
+OutputFormat = Annotated[Format, typer.Option("--format")]
+Classes = Annotated[Optional[int], typer.Option("--classes", min=2)]
+InputShape = Annotated[Optional[str], typer.Option("--input-shape", help="C,H,W of one sample, e.g. 1,28,28")]
+DataRoot = Annotated[Optional[Path], typer.Option("--data-root")]
+TrainLimit = Annotated[Optional[int], typer.Option("--train-limit", min=1,
+                                                    help="use a seeded subset of the training set")]
+TestLimit = Annotated[Optional[int], typer.Option("--test-limit", min=1)]
+Calibration = Annotated[Optional[Path], typer.Option("--calibration",
+                                                     help="runtime constants from 'edgefl calibrate'")]
+TorchDevice = Annotated[str, typer.Option("--device", help="cpu | cuda")]
+PlanFile = Annotated[Path, typer.Option("--plan", help="plan.json written by 'edgefl plan -o'")]
+Broker = Annotated[str, typer.Option("--broker", help="mqtt://HOST:PORT or mqtts://HOST:PORT")]
+Force = Annotated[bool, typer.Option("--force", help="replace an earlier output at -o: none of its files remain")]
 
 
 def parse_int_list(text: Optional[str], option: str) -> Optional[list[int]]:
@@ -26,25 +71,3 @@ def parse_shape(text: Optional[str]) -> Optional[tuple[int, ...]]:
     if len(shape) != 3:
         raise ConfigError(f"--input-shape: expected channels,height,width, e.g. 1,28,28 (got {text!r})")
     return tuple(shape)
-
-
-def model_ref(name: str, layers: Optional[list[int]] = None, classes: Optional[int] = None,
-              vocab: Optional[int] = None, context: Optional[int] = None,
-              input_shape: Optional[str] = None) -> ModelRef:
-    """The model a command asked for. For the transformer, `layers` is its depth (the first of a list)."""
-    if name not in model_names():
-        raise ConfigError(f"--model: unknown model {name!r}; choose one of: {', '.join(model_names())}")
-    kwargs = {}
-    if name == "transformer":
-        kwargs = {"layers": layers[0] if layers else None, "vocab": vocab, "context": context}
-        if classes is not None:
-            raise ConfigError("--classes: the transformer predicts its vocabulary; use --vocab instead")
-        if input_shape is not None:
-            raise ConfigError("--input-shape: the transformer reads token sequences; use --context instead")
-    else:
-        for flag, value in (("--layers", layers), ("--vocab", vocab), ("--context", context)):
-            if value is not None:
-                raise ConfigError(f"{flag}: only the transformer takes it; drop it for --model {name}")
-        kwargs["num_classes"] = classes
-        kwargs["input_shape"] = parse_shape(input_shape)
-    return ModelRef.of(name, **kwargs)

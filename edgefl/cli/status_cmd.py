@@ -85,11 +85,7 @@ def version(
 ):
     """Federated learning that fits every device's memory budget."""
     if show:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as installed
+        import edgefl
 
-        try:
-            print(f"edgefl {installed('edgefl')}")
-        except PackageNotFoundError:
-            print("edgefl unknown (not installed; pip install -e .)")
+        print(f"edgefl {edgefl.version() or 'unknown (not installed; pip install -e .)'}")
         raise typer.Exit()

@@ -8,9 +8,10 @@ shape the memory benchmarks fitted on many configs (workspace factor, weight cop
 fixed term the way they fit it (edgefl.cost.upper_bound): the least one under which every measured peak is
 predicted with its margin. The worst device sets it, not the median: a plan is a promise.
 
-A peak is evidence only about the plan it was measured under. `samples_from_run` refuses (keeps aside, with
-the reason) a report whose device trained another batch than the plan's config, more examples per pass
-than the plan's `examples`, or read its data other than a batch at a time (an agent holding its share in
+A peak is evidence only about the plan it was measured under. `refusal` (which
+edgefl.planning.calibration.samples_from_run applies) refuses (keeps aside, with the reason) a report whose
+device trained another batch than the plan's config, more examples per pass than the plan's `examples`, or
+read its data other than a batch at a time (an agent holding its share in
 memory measures its data, not the runtime: the calibration would learn the data as overhead and exclude
 groups the plan could keep), and a report that does not say so (an older agent).
 
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 from edgefl.cost.constants import DEFAULTS, RuntimeConstants
-from edgefl.cost.model import PeakTerms, config_cost
+from edgefl.cost.model import PeakTerms
 from edgefl.cost.upper_bound import FITTED as BOUND_TERMS
 from edgefl.cost.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
 from edgefl.errors import ConfigError
@@ -103,7 +104,7 @@ def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConst
     return fits
 
 
-def _refusal(plan_batch: int, plan_examples: Optional[int], examples: int, metrics: dict) -> Optional[str]:
+def refusal(plan_batch: int, plan_examples: Optional[int], examples: int, metrics: dict) -> Optional[str]:
     """Why a report's peak says nothing about the plan's config (None: it does)."""
     if "data_read" not in metrics or "batch_size" not in metrics:
         return "the report does not say how the device read its data and at which batch (an older agent)"
@@ -114,44 +115,6 @@ def _refusal(plan_batch: int, plan_examples: Optional[int], examples: int, metri
     if plan_examples is not None and examples > plan_examples:
         return f"trained {examples} examples per pass, the plan assumes {plan_examples}"
     return None
-
-
-def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], list[Refused]]:
-    """Predicted and measured peaks of every report in a run folder (history.json + plan.json), with the
-    config each device trained; and the reports refused, with why (module doc)."""
-    from edgefl.cost.profile_store import ProfileStore
-    from edgefl.planning.plan import Plan
-
-    run = Path(run)
-    store = store or ProfileStore()
-    try:
-        history = json.loads((run / "history.json").read_text())
-        plan = Plan.read(run / "plan.json")
-        out, refused = [], []
-        for record in history["rounds"]:
-            measured = record.get("measured_peak_bytes") or {}
-            metrics = record.get("device_metrics") or {}
-            examples = record.get("examples") or {}
-            for device, peak in measured.items():
-                group = plan.groups[record["sampled"][device]]
-                step = group.step_at(record["round"])
-                configs = step.sequence or (step.config,)
-                costs = [config_cost(store, plan.model, c, group.runtime, DEFAULTS[group.runtime]) for c in configs]
-                k = DEFAULTS[group.runtime].for_model(plan.model.name)
-                config, terms = max(zip(configs, (c.terms for c in costs)), key=lambda ct: ct[1].peak(k))
-                why = _refusal(config.batch_size, group.examples, int(examples.get(device, 0)), metrics.get(device, {}))
-                if why:
-                    refused.append(Refused(device, record["round"], why))
-                    continue
-                out.append(PeakSample(group.runtime, group.name, device, record["round"],
-                                      record["predicted_peak_bytes"][device], int(peak), terms, plan.model.name))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{run}: not a served run with measured peaks ({type(exc).__name__}: {exc}); "
-                          "calibrate needs the history.json and plan.json that 'edgefl serve --state DIR' writes") from None
-    if not out and not refused:
-        raise ConfigError(f"{run}/history.json has no measured peak RSS in any report; calibrate needs a run "
-                          "served to real devices ('edgefl serve'), not an emulation")
-    return out, refused
 
 
 def calibration_json(fits: Mapping[str, RuntimeFit], refused: Iterable[Refused] = ()) -> dict:
@@ -198,29 +161,3 @@ def _show(v) -> str:
 
 def _band_text(d: dict) -> str:
     return f"{d['min']:.2f}-{d['max']:.2f}"
-
-
-def plan_changes(without, with_calibration) -> list[str]:
-    """Per group, what the calibration changed in a plan (Plan without it -> with it): admission, the first
-    step's config, its predicted peak. One line per changed group, or one saying nothing changed."""
-    from edgefl.units import format_bytes
-
-    lines = []
-    for name, g in with_calibration.groups.items():
-        old = without.groups.get(name)
-        if old is None:
-            continue
-        if old.excluded != g.excluded:
-            state = {True: "excluded", False: "admitted"}
-            lines.append(f"group {name}: {state[g.excluded]} with the calibration, {state[old.excluded]} without")
-            continue
-        if g.excluded:
-            continue
-        a, b = old.steps[0], g.steps[0]
-        fields = [(f, getattr(a.config, f), getattr(b.config, f)) for f in ("frozen_prefix", "end", "head_width", "rank")]
-        what = [f"{f.replace('_', ' ')} {x} -> {y}" for f, x, y in fields if x != y]
-        if what or len(old.steps) != len(g.steps) or a.predicted.peak_memory_bytes != b.predicted.peak_memory_bytes:
-            what.append(f"predicted peak {format_bytes(a.predicted.peak_memory_bytes)} -> "
-                        f"{format_bytes(b.predicted.peak_memory_bytes)}")
-            lines.append(f"group {name}: " + ", ".join(what))
-    return lines or ["the calibration changes no group's admission or first config"]

@@ -5,6 +5,8 @@ split of the training examples over the fleet's devices in sorted device order, 
 shortfall."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from edgefl.errors import ConfigError
@@ -12,7 +14,7 @@ from edgefl.errors import ConfigError
 
 def device_shares(fleet, train, partition: str, seed: int, *, source: str = "the data set") -> dict[str, np.ndarray]:
     """{device: indices into `train`} for every device of `fleet`."""
-    from edgefl.data import parse_partition
+    from edgefl.data.partition import parse_partition
 
     devices = sorted(d for g in fleet.groups for d in g.device_ids)
     shares = parse_partition(partition).split(train.y, len(devices), seed, groups=getattr(train, "groups", None))
@@ -32,3 +34,12 @@ def device_shares(fleet, train, partition: str, seed: int, *, source: str = "the
         for d in g.device_ids:
             out[d] = out[d][: g.examples]
     return out
+
+
+def save_share(folder: Path, x: np.ndarray, y: np.ndarray) -> Path:
+    """A device's examples as FOLDER/x.npy and FOLDER/y.npy (int64 targets): the local data `edgefl-device`
+    reads (edgefl.device_runtime.local_data)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "x.npy", np.ascontiguousarray(x))
+    np.save(folder / "y.npy", np.asarray(y, np.int64))
+    return folder

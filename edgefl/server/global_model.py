@@ -61,6 +61,10 @@ class TorchServerModel:
         self._estimated: Optional[tuple] = None     # (state, judged, model, config): one sBN estimate per state
         self.state = {k: v.detach().clone() for k, v in (initial or build(ref).state_dict()).items()}
 
+    def save(self, path) -> None:
+        """The global weights as a torch state dict file (a run folder's weights.pt)."""
+        torch.save(self.state, path)
+
     def snapshot(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state.items()}
 

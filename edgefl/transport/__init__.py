@@ -1,11 +1,14 @@
 """Transports move instructions and weights down and reports up. The round loop talks only to this
-interface; emulation uses the in-memory one, deployment the MQTT one (`edgefl.transport.mqtt`). Both speak
-the same device protocol (`edgefl.transport.endpoint`); its topics are in `edgefl.topics`."""
+interface; emulation uses the in-memory one (`memory`), deployment the MQTT one (`mqtt`), the Ray engine
+`ray_transport`. The in-memory and MQTT ones are the coordinator's end of the same device protocol
+(`endpoint`, with `artifact_server` and `uploads`); what both ends share is edgefl.protocol, the topics
+edgefl.topics."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from edgefl import lazy_exports
 from edgefl.messages import DeviceReport, RoundInstruction
 
 
@@ -24,3 +27,9 @@ class Transport(ABC):
 
     def close(self) -> None:
         pass
+
+
+_WHERE = {"WireTransport": ".endpoint", "InMemoryTransport": ".memory", "MqttTransport": ".mqtt",
+          "RayTransport": ".ray_transport"}
+__all__ = ["Transport", *sorted(_WHERE)]
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

@@ -37,7 +37,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -68,6 +68,12 @@ class PretrainSettings:
     patience: int = 0                         # 0: run every step
     dropout: float = 0.0
     device: str = "cpu"
+
+    def check(self) -> None:
+        if self.patience and not self.eval_every:
+            raise ConfigError("--patience needs --eval-every N (the validation loss is what it waits on)")
+        if self.embed % self.heads:
+            raise ConfigError(f"--embed {self.embed} must be a multiple of --heads {self.heads}")
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up, then half a cosine from lr down to lr_final."""
@@ -275,3 +281,38 @@ def continuation(root: Path, ref: ModelRef, corpus: Corpus) -> tuple[dict, int, 
                           f"({len(config.get('works', []))} works); continue it with the --plays it was pretrained on")
     stages = config.get("stages", []) + [{k: config[k] for k in STAGE_FIELDS if k in config}]
     return state, sum(stage.get("best_step", stage["steps"]) for stage in stages), stages
+
+
+def depths_to_train(output: Path, depths: list[int], resume: bool) -> tuple[list[int], list[int]]:
+    """(the depths to pretrain into `output`, the depths a stopped run already wrote there and `resume` keeps).
+    A depth a stopped run left unfinished is refused without `resume`."""
+    unfinished = [d for d in depths if checkpoint_for(output, d).exists()]
+    if unfinished and not resume:
+        raise ConfigError(f"-o {output}: a stopped run left layers {', '.join(map(str, unfinished))} unfinished "
+                          "(checkpoint.pt); add --resume to continue it, or choose another folder")
+    kept = [d for d in depths if d not in unfinished and (folder_for(output, d) / "config.json").exists()] \
+        if resume else []
+    return [d for d in depths if d not in kept], kept
+
+
+def pretrain_set(output: Path, depths: list[int], settings: PretrainSettings, corpus: Corpus,
+                 start: Optional[Path] = None,
+                 on_step: Callable[[int], Callable[[int, float], None]] = lambda depth: lambda step, loss: None,
+                 ) -> Iterator[tuple[int, Path, dict]]:
+    """Pretrain each of `depths` on `corpus` and write it into `output` (from random weights, or continuing the
+    models of the set `start`), resuming a depth from its checkpoint where a stopped run left one. Yields
+    (depth, its folder, its summary) as each is written; `on_step(depth)` is told each step's loss."""
+    if start is not None and start.resolve() == output.resolve():
+        raise ConfigError(f"--from {start}: the same folder as -o; write the continued set to another folder, so "
+                          "the set it starts from stays whole if the run is stopped")
+    starts = {depth: continuation(start, model_ref(depth, len(corpus.vocab), settings), corpus)
+              for depth in depths} if start is not None else {}
+    for depth in depths:
+        begun = starts.get(depth)
+        ref, state, summary = pretrain(corpus, depth, settings, on_step(depth), begun[:2] if begun else None,
+                                       checkpoint_for(output, depth))
+        if begun:
+            summary.update(stages=begun[2], total_steps=begun[1] + summary.get("best_step", summary["steps"]))
+        folder = write(output, ref, state, corpus, settings, summary)
+        checkpoint_for(output, depth).unlink(missing_ok=True)
+        yield depth, folder, summary

@@ -72,7 +72,7 @@ def test_the_wire_falls_back_to_mqtt_311_and_says_so_once(embedded, tmp_path, ca
 
 
 def test_serve_and_two_devices_complete_two_rounds_on_the_embedded_broker(embedded, tmp_path):
-    from edgefl.cli.fleet_cmd import export_shares
+    from edgefl.engines.agents import export_shares
     from edgefl.fleet import load_fleet
 
     deploy, url, fleet_file = embedded

@@ -132,7 +132,7 @@ def test_a_data_set_too_small_for_examples_is_a_clear_error(tmp_path):
 def test_fleet_up_shares_hold_the_groups_examples(tmp_path):
     import numpy as np
 
-    from edgefl.cli.fleet_cmd import export_shares
+    from edgefl.engines.agents import export_shares
     from edgefl.fleet import parse_fleet
 
     shares = export_shares(parse_fleet(EXAMPLES_FLEET), "fashion-mnist", "iid", 0, tmp_path, train_limit=3000)

@@ -101,7 +101,7 @@ def _logs(folder: Path) -> str:
 
 
 def test_device_command_passes_each_agent_its_own_login_and_the_ca(tmp_path):
-    from edgefl.cli.fleet_cmd import device_command
+    from edgefl.engines.agents import device_command
     from edgefl.fleet import parse_fleet
 
     group = parse_fleet(SUBSET).group("lab")

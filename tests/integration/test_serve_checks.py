@@ -3,11 +3,8 @@ a fleet file that is not the plan's, in either direction, is one line naming wha
 count is of the fleet's devices only, naming strangers; nobody online is an error, not empty rounds."""
 from __future__ import annotations
 
-import io
-
 import pytest
 from broker_fixture import edgefl
-from rich.console import Console
 
 from edgefl.errors import ConfigError, TransportError
 
@@ -59,11 +56,9 @@ def test_the_plans_own_fleet_passes(plan, tmp_path):
 
 
 def _online_line(online, expected):
-    from edgefl.cli.serve_cmd import _report_online
+    from edgefl.engines.serving import online_line
 
-    console = Console(file=io.StringIO(), width=300)
-    _report_online(dict.fromkeys(online, {}), expected, "mqtt://b:1883", 60, console)
-    return console.file.getvalue().strip()
+    return online_line(dict.fromkeys(online, {}), expected, "mqtt://b:1883", 60)
 
 
 def test_only_the_fleets_devices_count_as_online_and_strangers_are_named():

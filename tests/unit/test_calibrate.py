@@ -5,10 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from edgefl.cost.calibrate import PeakSample, calibration_json, fit_overheads, plan_changes, samples_from_run
+from edgefl.cost.calibrate import PeakSample, calibration_json, fit_overheads
 from edgefl.cost.constants import DEFAULTS, load_calibration
 from edgefl.cost.model import PeakTerms
 from edgefl.errors import ConfigError
+from edgefl.planning.calibration import plan_changes, samples_from_run
 
 MiB = 2**20
 

@@ -20,10 +20,14 @@ STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (
     HeteroFL, FjORD, DepthFL, HeterogeneousLoRA, FedHM)}
 
 
+def method_names() -> list[str]:
+    return list(STRATEGIES)
+
+
 def get_strategy(name: str) -> Strategy:
     if name not in STRATEGIES:
         raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(STRATEGIES)}")
     return STRATEGIES[name]()
 
 
-__all__ = ["STRATEGIES", "PlanContext", "Strategy", "first_fit", "get_strategy"]
+__all__ = ["STRATEGIES", "PlanContext", "Strategy", "first_fit", "get_strategy", "method_names"]

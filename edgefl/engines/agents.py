@@ -1,0 +1,161 @@
+"""A whole fleet of real device agents on this machine, for demos and tests: what `edgefl fleet up` runs.
+
+One `edgefl-device run` process per device of the fleet file, each with its own share of a data set (split
+exactly as an emulated run splits it: the same partition of the same seeded subset, shares in sorted device
+order, so a served run and its emulation train the same examples), its group's runtime and memory budget, its
+own artifact cache and log. With `enforce_memory` each device's training process is capped at its group's
+memory budget (a cgroup where this machine permits one, else RLIMIT_AS). It runs until stopped, then stops
+every device; when every agent has exited by itself (a wrong login, an unreachable broker) it says which,
+what the first said last and where the logs are.
+
+Logins: `credentials` is the deployment folder `edgefl broker config -o DIR` wrote, or its `credentials/`
+folder (whichever holds `<device>.json`); with mqtts:// and no CA file, that deployment's `tls/ca.crt` is the
+CA. Every agent gets its own login file and the CA.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from edgefl.errors import ConfigError, EdgeflError
+from edgefl.units import listing
+
+STOP_GRACE_S = 30.0    # after SIGTERM, for every agent together: a clean goodbye (presence, DISCONNECT)
+
+
+@dataclass
+class Agents:
+    """The fleet file, the broker and the devices' logins, the data set and its split, and where the devices'
+    data shares, caches and logs go (`workdir`)."""
+    devices: Path
+    broker: str
+    dataset: str
+    partition: str = "iid"
+    seed: int = 0
+    train_limit: Optional[int] = None
+    data_root: Optional[Path] = None
+    workdir: Path = Path("runs/fleet")
+    credentials: Optional[Path] = None
+    ca_file: Optional[Path] = None
+    enforce_memory: bool = False
+
+
+def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, train_limit: Optional[int] = None,
+                  data_root: Optional[Path] = None) -> dict[str, Path]:
+    """Each device's share of the training split as DIR/<device>/{x,y}.npy, split as emulation splits it
+    (edgefl.data.shares: cut to its group's `examples:`)."""
+    from edgefl.data import load_dataset, subset
+    from edgefl.data.shares import device_shares, save_share
+
+    train = subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
+    return {device: save_share(folder / device, train.x[idx], train.y[idx])
+            for device, idx in sorted(device_shares(fleet, train, partition, seed, source=dataset).items())}
+
+
+def device_command(device: str, group, broker: str, data: Path, workdir: Path, credentials: Optional[Path],
+                   ca_file: Optional[Path], enforce_memory: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "edgefl.device_runtime.cli", "run", "--id", device, "--broker", broker,
+           "--data", str(data), "--runtime", group.runtime, "--cache", str(workdir / "cache" / device),
+           "--memory", str(group.memory_budget_bytes)]
+    if group.profile is not None:
+        cmd += ["--profile", group.profile.name]
+    else:
+        cmd += ["--power", "3W"]     # no profile: the energy estimate's stand-in power, reported as estimated
+    if credentials is not None:
+        cmd += ["--credentials", str(credentials / f"{device}.json")]
+    if ca_file is not None:
+        cmd += ["--ca-file", str(ca_file)]
+    if enforce_memory:
+        cmd += ["--enforce-memory"]
+    return cmd
+
+
+def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Popen]:
+    """Every device's agent started, with its data share exported and its log opened: device -> process."""
+    from edgefl.fleet import load_fleet
+    from edgefl.protocol.broker_address import check_ca_file, parse_broker_url
+
+    fleet = load_fleet(spec.devices)
+    ids = [d for g in fleet.groups for d in g.device_ids]
+    address = parse_broker_url(spec.broker)
+    credentials, ca_file = spec.credentials, spec.ca_file
+    if credentials is not None:
+        credentials, found_ca = logins_folder(credentials, ids)
+        if ca_file is None and address.tls and found_ca is not None:
+            ca_file = found_ca
+            say(f"CA certificate: {ca_file} (from the deployment folder)")
+    check_ca_file(ca_file, address)
+    data = export_shares(fleet, spec.dataset, spec.partition, spec.seed, spec.workdir / "data", spec.train_limit,
+                         spec.data_root)
+    (spec.workdir / "logs").mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for g in fleet.groups:
+        for device in g.device_ids:
+            log = open(spec.workdir / "logs" / f"{device}.log", "w")
+            procs[device] = subprocess.Popen(device_command(device, g, spec.broker, data[device], spec.workdir,
+                                                            credentials, ca_file, spec.enforce_memory),
+                                             stdout=log, stderr=subprocess.STDOUT)
+    say(f"{len(procs)} devices started ({', '.join(sorted({g.runtime for g in fleet.groups}))}); "
+        f"logs in {spec.workdir / 'logs'}; Ctrl-C stops them")
+    return procs
+
+
+def supervise(procs: dict[str, subprocess.Popen], logs: Path, stop: threading.Event,
+              warn: Callable[[str], None]) -> None:
+    """Until `stop` is set or every agent has exited: name each agent that exits; then stop the rest, killing
+    any that has not said goodbye within STOP_GRACE_S. EdgeflError when every agent died on its own."""
+    procs, exited = dict(procs), {}
+    while not stop.wait(1.0):
+        if dead := {d: p.returncode for d, p in procs.items() if p.poll() is not None}:
+            for d, rc in sorted(dead.items()):
+                warn(f"{d} exited ({rc}): {last_line(logs / f'{d}.log')}; log {logs / f'{d}.log'}")
+                del procs[d]
+            exited.update(dead)
+            if not procs:
+                break
+    for p in procs.values():
+        p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for d, p in procs.items():
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:    # stuck saying goodbye (a slow broker): its trainer dies with it
+            p.kill()
+            p.wait()
+            warn(f"{d} did not stop within {STOP_GRACE_S:.0f} s: killed (its will marks it offline); "
+                 f"log {logs / f'{d}.log'}")
+    if not stop.is_set():       # nobody asked them to stop: every agent died on its own
+        first = min(exited)
+        raise EdgeflError(f"every device agent exited: {listing([f'{d} ({rc})' for d, rc in sorted(exited.items())])}; "
+                          f"logs in {logs} ({first}.log ends: {last_line(logs / f'{first}.log')})")
+
+
+def logins_folder(folder: Path, devices: list[str]) -> tuple[Path, Optional[Path]]:
+    """(the folder holding <device>.json for every device, the deployment's CA certificate if it has one):
+    `folder` is the deployment folder of 'edgefl broker config -o' or its credentials/ subfolder."""
+    for candidate, deployment in ((folder / "credentials", folder), (folder, folder.parent)):
+        held = [d for d in devices if (candidate / f"{d}.json").is_file()]
+        if held:
+            if missing := [d for d in devices if d not in held]:
+                raise ConfigError(f"--credentials-dir {folder}: no login for {listing(missing)} in {candidate} "
+                                  f"(it has {len(held)} of the fleet's {len(devices)}); run 'edgefl broker config "
+                                  f"--devices' with this fleet file (or the fleet it is a subset of) to add them")
+            ca = deployment / "tls" / "ca.crt"
+            return candidate, ca if ca.is_file() else None
+    raise ConfigError(f"--credentials-dir {folder}: neither it nor {folder / 'credentials'} holds device logins "
+                      f"(looked for {devices[0]}.json); give the folder of 'edgefl broker config -o DIR' or its "
+                      "credentials/ folder")
+
+
+def last_line(log: Path) -> str:
+    """What an agent said last (its one-line error, when it died of one)."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][-300:] if lines else "its log is empty"

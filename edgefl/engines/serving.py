@@ -1,0 +1,139 @@
+"""A served run, end to end: what `edgefl serve` does between parsing its options and printing.
+
+The state folder is the run folder: plan.json, config.json, history.json (as an emulated run writes them,
+so `edgefl report` and `edgefl calibrate` read it), the last checkpoint and the journal of the round in
+progress (edgefl.server.runstate). Started again with the same state folder, a served run resumes after the
+last completed round. It refuses to start what could only fail quietly: a fleet file that is not the plan's
+(`fleet_of`), a login that is not the coordinator's (`MqttTransport` checks it with a round trip), no device of
+the fleet online.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Protocol
+
+from edgefl.errors import TransportError
+from edgefl.units import listing
+
+
+class RoundWatcher(Protocol):
+    """What shows a served run as it goes (the CLI's live view): entered around the rounds, told each one."""
+    def __enter__(self) -> "RoundWatcher": ...
+    def __exit__(self, *exc) -> None: ...
+    def round_done(self, record) -> None: ...
+
+
+@dataclass
+class Serving:
+    """What to serve: a plan file, the broker and the coordinator's login, the state (run) folder, the round
+    loop's settings (rounds default to the plan's, clients per round to every device), the fleet file the plan
+    was made from (default: device names from the plan's group counts) and a test split to evaluate on."""
+    plan: Path
+    broker: str
+    credentials: Optional[Path] = None
+    ca_file: Optional[Path] = None
+    state: Path = Path("runs/serve")
+    rounds: Optional[int] = None
+    round_timeout: float = 600.0
+    min_reports: int = 1
+    devices: Optional[Path] = None
+    clients_per_round: Optional[int] = None
+    wait_online: float = 60.0
+    seed: int = 0
+    lr: float = 0.05
+    eval_every: int = 1
+    dataset: Optional[str] = None
+    test_limit: Optional[int] = None
+    data_root: Optional[Path] = None
+    clip_norm: Optional[float] = None
+
+    def config_json(self, plan, total: int) -> dict:
+        return {"plan": str(self.plan), "broker": self.broker, "method": plan.method, "model": plan.model.to_json(),
+                "rounds": total, "seed": self.seed, "lr": self.lr, "round_timeout_s": self.round_timeout,
+                "min_reports": self.min_reports, "dataset": self.dataset, "clip_norm": self.clip_norm}
+
+
+def serve(spec: Serving, say: Callable[[str], None],
+          watch: Callable[[object, dict[str, str], int], RoundWatcher]) -> None:
+    """Run the plan on the devices at the broker until its last round. `say`: where progress lines go;
+    `watch(transport, group of each device, rounds)`: what shows the rounds as they go."""
+    from edgefl.data import load_dataset, subset
+    from edgefl.engines.deployed import ArtifactShipper, DeployedServerModel, check_deployable, fleet_of
+    from edgefl.engines.local import torch_trainer
+    from edgefl.fleet import load_fleet
+    from edgefl.planning.plan import Plan
+    from edgefl.planning.strategies import get_strategy
+    from edgefl.server.coordinator import Coordinator, LoopSettings
+    from edgefl.server.runstate import RunState
+    from edgefl.transport.mqtt import MqttTransport
+
+    plan = Plan.read(spec.plan)
+    check_deployable(plan)
+    fleet = fleet_of(plan, load_fleet(spec.devices) if spec.devices else None,
+                     f"--devices {spec.devices} and --plan {spec.plan}")
+    test = None
+    if spec.dataset is not None:
+        test = subset(load_dataset(spec.dataset, root=spec.data_root, split="test"), spec.test_limit, spec.seed + 1)
+    total = spec.rounds or plan.rounds
+    spec.state.mkdir(parents=True, exist_ok=True)
+    plan.write(spec.state / "plan.json")
+    (spec.state / "config.json").write_text(json.dumps(spec.config_json(plan, total), indent=2) + "\n")
+    runtime_of = {d: g.runtime for g in fleet.groups for d in g.device_ids}
+    group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
+    backend_for = _backends(sorted(set(runtime_of.values())))
+    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file)
+    try:
+        transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
+        everyone = sorted(runtime_of)
+        say(f"waiting up to {spec.wait_online:.0f} s for {len(everyone)} devices at {spec.broker} ...")
+        say(online_line(transport.wait_online(everyone, spec.wait_online), everyone, spec.broker, spec.wait_online))
+        strategy = get_strategy(plan.method)
+        server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), spec.seed, clip_norm=spec.clip_norm,
+                                     evaluated=lambda: strategy.evaluated_config(plan),
+                                     shipper=ArtifactShipper(spec.state / "artifacts", backend_for),
+                                     ship=transport.ship_artifact, runtime_of=runtime_of)
+        settings = LoopSettings(rounds=total, clients_per_round=spec.clients_per_round or len(everyone),
+                                seed=spec.seed, eval_every=spec.eval_every, lr=spec.lr, lr_final=spec.lr / 10,
+                                round_timeout_s=spec.round_timeout, min_reports=spec.min_reports)
+        examples = {d: g.examples or 0 for g in fleet.groups for d in g.device_ids}
+        view = watch(transport, group_of, total)
+        coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
+                                  examples=examples.__getitem__, on_round=view.round_done,
+                                  state=RunState(spec.state), online=lambda: transport.online().keys())
+        with view:
+            coordinator.run()
+    finally:
+        transport.close()
+    server.save(spec.state / "weights.pt")
+
+
+def _backends(runtimes: list[str]) -> Callable[[str], object]:
+    """The export backend of each runtime, loaded now: a missing one fails before round 1."""
+    from edgefl.export.backends import get_backend
+
+    backends = {runtime: get_backend(runtime) for runtime in runtimes}
+
+    def backend_for(runtime: str):
+        if runtime not in backends:
+            backends[runtime] = get_backend(runtime)
+        return backends[runtime]
+
+    return backend_for
+
+
+def online_line(online: dict, expected: list[str], broker: str, waited: float) -> str:
+    """'3 of 4 devices online (not yet: ...)', counting only the fleet's devices; others connected are named.
+    TransportError when none of them came."""
+    here = [d for d in expected if d in online]
+    if not here:
+        raise TransportError(f"none of the {len(expected)} devices of the plan came online at {broker} within "
+                             f"{waited:.0f} s (ids {listing(expected, 3)}); start them with their logins "
+                             "('edgefl fleet up', or 'edgefl-device --id ID ...'), or raise --wait-online")
+    line = f"{len(here)} of {len(expected)} devices online"
+    if missing := [d for d in expected if d not in online]:
+        line += f" (not yet: {listing(missing)})"
+    if strangers := sorted(set(online) - set(expected)):
+        line += f"; also connected but not in this fleet: {listing(strangers)}"
+    return line
