@@ -35,7 +35,7 @@ from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.manifest import ArtifactSet, unflatten
-from edgefl.messages import DeviceReport
+from edgefl.messages import DeviceReport, ReportStatus
 from edgefl.protocol.envelopes import Unreadable
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
@@ -153,7 +153,7 @@ class DeviceAgent:
                 return report, None
             buffer = np.load(out)
         r = child.result
-        report.status, report.examples = "ok", r["examples"]
+        report.status, report.examples = ReportStatus.OK, r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
         report.tensors = unflatten(suffix.trainable, buffer)
         # what calibration checks against the plan (edgefl.cost.calibrate): the batch trained and how data was read

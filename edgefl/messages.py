@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 from edgefl.errors import ReportRejected
@@ -60,12 +61,28 @@ class RoundInstruction:
                    sequence=tuple(TrainConfig.from_json(c) for c in d.get("sequence", [])))
 
 
+class ReportStatus(str, Enum):
+    """How a device's round ended. A device reports OK or FAILED (out of memory, a crash, an instruction it
+    refused); the coordinator's end of the transport makes the other two: REJECTED (it refused the upload:
+    malformed, not asked for, over its size) and OFFLINE (the device went offline during its round)."""
+    OK = "ok"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    OFFLINE = "offline"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DEVICE_STATUSES = (ReportStatus.OK, ReportStatus.FAILED)     # what a device's own report may say
+
+
 @dataclass
 class DeviceReport:
     round: int
     device_id: str
     config_hash: str
-    status: str                                   # "ok" | "failed"
+    status: ReportStatus                          # a str on the wire and in files: coerced on construction
     examples: int = 0
     loss_before: Optional[float] = None
     loss_after: Optional[float] = None
@@ -78,9 +95,12 @@ class DeviceReport:
     reason: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)   # method-specific, e.g. FjORD's sampled widths
 
+    def __post_init__(self) -> None:
+        self.status = ReportStatus(self.status)
+
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == ReportStatus.OK
 
     def check(self, instruction: RoundInstruction) -> None:
         """Reject a report that does not answer the instruction it claims to answer."""

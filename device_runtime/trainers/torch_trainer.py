@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from edgefl.device_runtime.trainers.memory import OutOfMemory, measured
 from edgefl.device_runtime.trainers.objectives import Objective, objective_for
 from edgefl.errors import ConfigError
-from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.messages import DeviceReport, ReportStatus, RoundInstruction
 from edgefl.trainconfig import TrainConfig
 
 
@@ -199,7 +199,7 @@ class EmulatedDevice:
         try:
             tensors, losses, metrics = self.trainer.run(instruction, weights, x, y, measure if check else None)
         except OutOfMemory as exc:
-            report.status, report.reason = "failed", str(exc)
+            report.status, report.reason = ReportStatus.FAILED, str(exc)
         else:
             report.examples, report.tensors, report.metrics = self.examples, tensors, metrics
             report.loss_before, report.loss_after = (losses[0], losses[-1]) if losses else (None, None)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from edgefl.transport.activity import DeviceState
 from edgefl.units import format_bytes, format_flops, listing
 
 if TYPE_CHECKING:     # the commands that print them import these; `edgefl --help` need not
@@ -24,7 +25,9 @@ stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 STATUS_FILE = "status.json"
 STATUS_SCHEMA = "edgefl.status/1"
-ORDER = ("offline", "sent", "downloading", "training", "failed", "reported")   # who needs a look first
+# who needs a look first
+ORDER = tuple(str(s) for s in (DeviceState.OFFLINE, DeviceState.SENT, DeviceState.DOWNLOADING, DeviceState.TRAINING,
+                               DeviceState.FAILED, DeviceState.REPORTED))
 
 
 def round_line(r) -> str:
@@ -50,7 +53,7 @@ def clock(t: float) -> str:
 def header(status: Mapping, now: float) -> str:
     """'round 2 of 5: 1/4 reported, deadline in 412 s; 4/4 devices online'."""
     devices = status.get("devices", {})
-    done = sum(d["state"] == "reported" for d in devices.values())
+    done = sum(d["state"] == DeviceState.REPORTED for d in devices.values())
     line = f"round {status.get('round') or '-'} of {status.get('rounds', '?')}"
     if devices:
         line += f": {done}/{len(devices)} reported"

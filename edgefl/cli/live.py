@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
 from edgefl.cli.console import STATUS_FILE, STATUS_SCHEMA, clock, device_lines, header, round_line
+from edgefl.transport.activity import DeviceState
 from edgefl.units import format_bytes, listing
 
 
@@ -108,7 +109,7 @@ class LiveView:
         status, now = self.status(), time.time()
         awaited = [f"{d} ({s['state']} {now - s['since']:.0f} s"
                    + (f", {format_bytes(s['bytes'])} fetched)" if s.get("bytes") else ")")
-                   for d, s in status["devices"].items() if s["state"] not in ("reported", "failed")]
+                   for d, s in status["devices"].items() if s["state"] not in (DeviceState.REPORTED, DeviceState.FAILED)]
         return header(status, now) + (f"; waiting for {listing(awaited)}" if awaited else "")
 
     def _render(self):

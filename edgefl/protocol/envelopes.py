@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 from edgefl import topics
 from edgefl.errors import ConfigError, ReportRejected, TransportError
 from edgefl.manifest import TensorEntry
-from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.messages import DEVICE_STATUSES, DeviceReport, RoundInstruction
 from edgefl.protocol.tensors import order_from_json, order_to_json
 
 INSTRUCTION = "edgefl.assignment/1"
@@ -146,9 +146,9 @@ def report_from_summary(summary: dict) -> DeviceReport:
     """A DeviceReport (without tensors) from its summary; fields this version does not know are dropped."""
     try:
         report = DeviceReport(**{k: v for k, v in summary.items() if k in _REPORT_FIELDS})
-    except (TypeError, AttributeError) as exc:   # a missing field, or not a JSON object
+    except (TypeError, AttributeError, ValueError) as exc:   # a missing field, not a JSON object, no status
         raise ReportRejected(f"malformed report ({exc})") from None
-    if not (isinstance(report.round, int) and isinstance(report.device_id, str) and report.status in ("ok", "failed")
+    if not (isinstance(report.round, int) and isinstance(report.device_id, str) and report.status in DEVICE_STATUSES
             and isinstance(report.metrics, dict) and isinstance(report.examples, int)):
         raise ReportRejected("malformed report: round, device_id, status, examples or metrics has the wrong type")
     return report

@@ -19,13 +19,12 @@ from typing import Callable, Iterable, Mapping, Optional, Protocol
 
 from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
-from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.messages import DeviceReport, ReportStatus, RoundInstruction
 from edgefl.planning.plan import Plan, violations
 from edgefl.planning.strategies.base import Strategy
 from edgefl.server.history import RoundRecord, record_from_json, record_to_json
 from edgefl.server.runstate import RunState
 from edgefl.transport import Transport
-from edgefl.transport.endpoint import UPLOAD_REJECTED
 
 
 @dataclass
@@ -212,7 +211,7 @@ class _Intake:
         record, r = self.record, self.record.round
         instruction, handle = self.sent.get(report.device_id, (None, None))
         try:
-            if not report.ok and report.reason.startswith(UPLOAD_REJECTED):   # refused by the transport
+            if report.status is ReportStatus.REJECTED:   # the transport refused the upload
                 raise ReportRejected(f"{report.device_id}: {report.reason}")
             if instruction is None:
                 raise ReportRejected(f"{report.device_id} was not sampled in round {r}")
@@ -221,7 +220,7 @@ class _Intake:
             report.check(instruction)
             if report.activation_bytes is not None:
                 record.measured_activation_bytes[report.device_id] = report.activation_bytes
-            if not report.ok:  # the device ran out of memory or crashed: the round goes on without it
+            if not report.ok:  # out of memory, crashed, gone offline: the round goes on without it
                 record.failed[report.device_id] = report.reason or "device failed"
                 record.download_bytes += report.download_bytes
                 return

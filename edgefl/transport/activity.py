@@ -18,15 +18,31 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Callable, Iterable, Optional
 
-STATES = ("sent", "downloading", "training", "reported", "failed", "offline")
-_FINAL = ("reported", "failed")
+
+class DeviceState(str, Enum):
+    """A device's state in the round in progress (above); WAITING marks a round's start of waiting for reports."""
+    SENT = "sent"
+    DOWNLOADING = "downloading"
+    TRAINING = "training"
+    REPORTED = "reported"
+    FAILED = "failed"
+    OFFLINE = "offline"
+    WAITING = "waiting"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = DeviceState
+_FINAL = (S.REPORTED, S.FAILED)
 
 
 @dataclass
 class DeviceActivity:
-    state: str
+    state: DeviceState
     since: float               # time.time() it entered the state
     bytes: int = 0             # artifact bytes it acknowledged this round
     detail: str = ""           # why it failed or went offline
@@ -37,7 +53,7 @@ class Change:
     at: float
     round: int
     device: str
-    state: str
+    state: DeviceState
     detail: str = ""
     deadline: Optional[float] = None     # of the round, in a "waiting" change
 
@@ -59,22 +75,22 @@ class Activity:
         with self._lock:
             if round > self.round:        # a new round: the table starts over
                 self.round, self.deadline, self._devices = round, None, {}
-        self._set(device, "sent", round=round)
+        self._set(device, S.SENT, round=round)
 
     def waiting(self, round: int, devices: Iterable[str], deadline: Optional[float]) -> None:
         """The round collects reports from `devices` until `deadline` (None: no deadline). Listeners hear it
-        as a change of device "" to state "waiting"."""
+        as a change of device "" to state WAITING."""
         devices = list(devices)
         with self._lock:
             if round < self.round:
                 return
             self.round, self.deadline = round, deadline
-            change = Change(self.clock(), round, "", "waiting", f"{len(devices)} devices", deadline)
+            change = Change(self.clock(), round, "", S.WAITING, f"{len(devices)} devices", deadline)
         for listener in self._listeners:
             listener(change)
         for device in devices:
             if self._state(device) is None:   # instructed before a restart: the journal holds no report yet
-                self._set(device, "sent", round=round)
+                self._set(device, S.SENT, round=round)
 
     def acknowledged(self, device: str, nbytes: int) -> None:
         with self._lock:
@@ -82,26 +98,26 @@ class Activity:
             if entry is None or entry.state in _FINAL:
                 return
             entry.bytes += nbytes
-        if entry.state in ("sent", "offline"):
-            self._set(device, "downloading")
+        if entry.state in (S.SENT, S.OFFLINE):
+            self._set(device, S.DOWNLOADING)
 
     def progress(self, device: str, state: str) -> None:
         """A device's own word on up/metrics: 'training' once its set is complete."""
-        if state == "training" and self._state(device) in ("sent", "downloading", "offline"):
-            self._set(device, "training")
+        if state == S.TRAINING and self._state(device) in (S.SENT, S.DOWNLOADING, S.OFFLINE):
+            self._set(device, S.TRAINING)
 
     def reported(self, device: str, round: int, ok: bool, reason: str = "") -> None:
         if round == self.round:
-            self._set(device, "reported" if ok else "failed", detail=reason)
+            self._set(device, S.REPORTED if ok else S.FAILED, detail=reason)
 
     def presence(self, device: str, online: bool, why: str = "") -> None:
         state = self._state(device)
         if state is None or state in _FINAL:
             return
         if not online:
-            self._set(device, "offline", detail=why)
-        elif state == "offline":     # back: its instruction waits in its session, or it answers nothing
-            self._set(device, "sent")
+            self._set(device, S.OFFLINE, detail=why)
+        elif state == S.OFFLINE:     # back: its instruction waits in its session, or it answers nothing
+            self._set(device, S.SENT)
 
     # ------------------------------------------------------------------------------------ reading
     def snapshot(self) -> dict:
@@ -110,12 +126,12 @@ class Activity:
             return {"round": self.round, "deadline": self.deadline,
                     "devices": {d: asdict(a) for d, a in sorted(self._devices.items())}}
 
-    def _state(self, device: str) -> Optional[str]:
+    def _state(self, device: str) -> Optional[DeviceState]:
         with self._lock:
             entry = self._devices.get(device)
             return entry.state if entry else None
 
-    def _set(self, device: str, state: str, detail: str = "", round: Optional[int] = None) -> None:
+    def _set(self, device: str, state: DeviceState, detail: str = "", round: Optional[int] = None) -> None:
         with self._lock:
             if round is not None and round != self.round:
                 return
@@ -123,7 +139,7 @@ class Activity:
             if entry is not None and entry.state == state and entry.detail == detail:
                 return
             now = self.clock()
-            kept = entry.bytes if entry is not None and state != "sent" else 0
+            kept = entry.bytes if entry is not None and state != S.SENT else 0
             self._devices[device] = DeviceActivity(state, now, kept, detail)
             change = Change(now, self.round, device, state, detail)
         for listener in self._listeners:

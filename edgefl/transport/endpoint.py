@@ -18,8 +18,8 @@ size, tensor order) before `collect` hands it out; the bytes it took are measure
 framing) and set on the report. Presence: retained `presence/<id>`
 messages (a device's announcement, or its last will) tell who is online with which profile. A device whose
 presence goes offline while this end waits for its report is dropped from the round at once: the round
-closes as soon as every other device has answered, and the device's answer is a failed report whose reason
-starts with OFFLINE (a report that still comes before the round closes is taken instead). `activity` holds
+closes as soon as every other device has answered, and the device's answer is an OFFLINE report saying
+why (a report that still comes before the round closes is taken instead). `activity` holds
 what this end has seen of each device of the round in progress (`edgefl.transport.activity`).
 
 `check_access` is a login's round trip: a probe published under `up/` where the coordinator's ACL lets it
@@ -29,8 +29,7 @@ device's login in the coordinator's place would otherwise connect, see nobody an
 Uploads are held only where this end asked for them: tensors for a (device, round) it sent no instruction
 for (a closed round, one not started, a device not sampled) are dropped as they arrive and the upload
 becomes a refused report; an upload past the instruction's `upload_bytes` is refused as soon as it is
-past, before the rest arrives. A refused upload is a failed report whose reason starts with
-UPLOAD_REJECTED. A device's first report of a round is its answer; any further one (a replay, a second
+past, before the rest arrives. A refused upload is a REJECTED report saying why. A device's first report of a round is its answer; any further one (a replay, a second
 try) goes to the coordinator beside it, which judges it, instead of replacing it.
 """
 from __future__ import annotations
@@ -46,20 +45,19 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from edgefl import topics
 from edgefl.errors import ArtifactError, TransportError
 from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest
-from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.messages import DeviceReport, ReportStatus, RoundInstruction
 from edgefl.protocol import envelopes
 from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
 from edgefl.protocol.envelopes import Assignment, TensorBlob
 from edgefl.protocol.tensors import pack
 from edgefl.protocol.wire import Wire, log
 from edgefl.transport import Transport
-from edgefl.transport.activity import Activity
+from edgefl.transport.activity import Activity, DeviceState
 from edgefl.transport.artifact_server import ArtifactServer
-from edgefl.transport.uploads import UPLOAD_REJECTED, Upload, config_hash, declares_tensors, finish
+from edgefl.transport.uploads import Upload, declares_tensors, finish, rejected
 from edgefl.units import format_bytes
 
 COORDINATOR_ID = "edgefl-coordinator"
-OFFLINE = "offline"                     # the reason's prefix of a device that went offline during its round
 _PROBE = "edgefl-probe-"                # check_access's probe ids: no device is called that
 
 
@@ -233,7 +231,7 @@ class WireTransport(Transport):
                 if (device, round) in self._gone:    # not journaled: a restarted coordinator asks it again
                     sent = self._limits[(device, round)]
                     reports[device] = DeviceReport(round=round, device_id=device, config_hash=sent.config_hash,
-                                                   status="failed", reason=self._gone[(device, round)])
+                                                   status=ReportStatus.OFFLINE, reason=self._gone[(device, round)])
             further, self._strays = self._further.pop(round, []) + self._strays, []
             for late, devices in self._done.items():
                 if late < round:    # a round already closed: its aggregate is final
@@ -266,7 +264,7 @@ class WireTransport(Transport):
     def _offline_reason(self, device: str, round: int) -> str:
         why = self._presence.get(device, {}).get("reason") or "its presence went offline"
         after = time.monotonic() - self._limits[(device, round)].at
-        return f"{OFFLINE}: {why} {after:.0f} s after its round-{round} instruction; dropped from the round"
+        return f"offline: {why} {after:.0f} s after its round-{round} instruction; dropped from the round"
 
     def wait_online(self, devices: Iterable[str], timeout_s: float) -> dict[str, dict]:
         """Wait until all of `devices` are online (or the timeout passes); returns who is online."""
@@ -311,7 +309,7 @@ class WireTransport(Transport):
         except TransportError:
             return     # free form: not every device says what it is doing
         state, nbytes = said.get("state"), said.get("bytes")
-        if state == "downloading" and isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0:
+        if state == DeviceState.DOWNLOADING and isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes >= 0:
             self.activity.acknowledged(device, nbytes)      # a file it fetched from its group's topics
         elif isinstance(state, str):
             self.activity.progress(device, state)
@@ -380,6 +378,5 @@ class WireTransport(Transport):
         else:
             why = f"{device} was not sent an instruction for round {round}"
         log.warning("%s: refused a report: %s", device, why)
-        self._strays.append(DeviceReport(round=round, device_id=device, config_hash=config_hash(meta),
-                                         status="failed", reason=f"{UPLOAD_REJECTED}: {why}"))
+        self._strays.append(rejected(device, round, meta, why))
         self._cond.notify_all()

@@ -1,7 +1,7 @@
 """A device's upload, put together and checked at the coordinator's end (edgefl.transport.endpoint): its meta
 message (the report's summary and what its tensor buffer holds) and its chunks, in any order. A report is
 handed on only when whole and checked (sha256, size, tensor order, the fields the round loop computes with,
-the topic it came on); anything else becomes a failed report whose reason starts with UPLOAD_REJECTED.
+the topic it came on); anything else becomes a REJECTED report (`rejected`) saying why.
 """
 from __future__ import annotations
 
@@ -11,13 +11,19 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from edgefl.errors import ReportRejected, TransportError
-from edgefl.messages import DeviceReport
+from edgefl.messages import DeviceReport, ReportStatus
 from edgefl.protocol import envelopes
 from edgefl.protocol.tensors import PackedTensors, shared_order
 from edgefl.protocol.wire import Traffic
 from edgefl.units import format_bytes
 
-UPLOAD_REJECTED = "upload rejected"     # the reason's prefix of a report this end refused
+UPLOAD_REJECTED = "upload rejected"     # how a refused upload's reason reads to an operator
+
+
+def rejected(device: str, round: int, meta: Optional[bytes], why: object, upload_bytes: int = 0) -> DeviceReport:
+    """The report this end makes of an upload it refused."""
+    return DeviceReport(round=round, device_id=device, config_hash=config_hash(meta), status=ReportStatus.REJECTED,
+                        reason=f"{UPLOAD_REJECTED}: {why}", upload_bytes=upload_bytes)
 
 
 @dataclass
@@ -56,9 +62,7 @@ def finish(device: str, round: int, up: Upload, limit: Optional[int]) -> Optiona
                                  f"round {report.round}")
         report.tensors = PackedTensors(buffer, shared_order(info["order"]))   # unpacked when taken
     except (ReportRejected, TransportError, KeyError, TypeError, ValueError) as exc:
-        return DeviceReport(round=round, device_id=device, config_hash=config_hash(up.meta),
-                            status="failed", reason=f"{UPLOAD_REJECTED}: {exc}",
-                            upload_bytes=up.traffic.payload_bytes)
+        return rejected(device, round, up.meta, exc, up.traffic.payload_bytes)
     report.upload_bytes = len(buffer)
     report.download_bytes = int(download.get("payload_bytes", 0))
     report.metrics = {**report.metrics, "transport": {"download": download, "upload": up.traffic.to_json()}}

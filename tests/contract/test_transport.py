@@ -18,7 +18,7 @@ from edgefl.device_runtime.link import DeviceLink
 from edgefl.device_runtime.mqtt_link import MqttLink
 from edgefl.errors import ArtifactError, TransportError
 from edgefl.manifest import PREFIX_DIR, ArtifactSet, IOSpec, Manifest, OptimizerSpec
-from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.messages import DeviceReport, ReportStatus, RoundInstruction
 from edgefl.protocol import envelopes
 from edgefl.protocol.chunks import WINDOW
 from edgefl.protocol.mqtt_wire import MqttWire
@@ -271,9 +271,9 @@ def test_an_upload_that_does_not_verify_becomes_a_failed_report(harness):
     harness.inject(topics.result_meta("d1", 2), envelopes.upload_meta(report, (), 0, hashlib.sha256().hexdigest(),
                                                                       0, {}))
     [bad] = harness.server.collect(1, ["d1"], timeout_s=10)
-    assert (bad.status, bad.tensors) == ("failed", {}) and "does not match its size and sha256" in bad.reason
+    assert (bad.status, bad.tensors) == (ReportStatus.REJECTED, {}) and "does not match its size and sha256" in bad.reason
     [spoofed] = harness.server.collect(2, ["d1"], timeout_s=10)
-    assert spoofed.status == "failed" and "claims 'd2'" in spoofed.reason
+    assert spoofed.status is ReportStatus.REJECTED and "claims 'd2'" in spoofed.reason
 
 
 def test_collect_returns_when_all_reports_are_in_or_at_the_timeout(harness):

@@ -8,11 +8,11 @@ from mosquitto import Mosquitto
 
 from edgefl.device_runtime.link import DeviceLink
 from edgefl.device_runtime.mqtt_link import MqttLink
-from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.messages import DeviceReport, ReportStatus, RoundInstruction
 from edgefl.trainconfig import TrainConfig
-from edgefl.transport.endpoint import UPLOAD_REJECTED
 from edgefl.transport.memory import InMemoryTransport
 from edgefl.transport.mqtt import MqttTransport
+from edgefl.transport.uploads import UPLOAD_REJECTED
 
 LIMIT = 256 * 1024          # the broker's packet limit: uploads travel in chunks of just under it
 
@@ -59,7 +59,7 @@ def test_an_upload_past_its_expected_bytes_is_refused_before_the_rest_is_held(pa
     server.send(instruction("d1", 1, upload_bytes=4000), {})
     d1.report(report("d1", 1, values=1_000_000))       # 4 MB, 16 chunks, for 4000 bytes expected
     [refused] = server.collect(1, ["d1"], timeout_s=20)
-    assert refused.status == "failed"
+    assert refused.status is ReportStatus.REJECTED
     assert refused.reason == f"{UPLOAD_REJECTED}: more than the 3.91 KiB of tensors its instruction expects"
     # it stopped holding at the first chunk past the limit: what it counted is that chunk and the meta
     assert refused.upload_bytes < LIMIT + 4096
@@ -129,4 +129,4 @@ def test_a_report_whose_summary_fields_have_the_wrong_type_is_refused(pair, fiel
     setattr(bad, field, value)
     d1.report(bad)
     [refused] = server.collect(1, ["d1"], timeout_s=20)
-    assert refused.status == "failed" and refused.reason.startswith(f"{UPLOAD_REJECTED}: malformed report"), refused
+    assert refused.status is ReportStatus.REJECTED and refused.reason.startswith(f"{UPLOAD_REJECTED}: malformed report"), refused

@@ -13,6 +13,7 @@ import pytest
 from broker_fixture import edgefl, free_port, mosquitto_path, running, write_fleet
 
 from edgefl.errors import TransportError
+from edgefl.messages import ReportStatus
 
 A, B = "dev-a", "dev-b"
 
@@ -101,7 +102,7 @@ def test_a_device_that_goes_offline_mid_round_is_dropped_at_once(deployment, tmp
         reports = {r.device_id: r for r in server.collect(1, [A, B], timeout_s=120)}
         assert time.monotonic() - t0 < 20, "it waited for the dead device"
         assert reports[A].ok
-        assert reports[B].status == "failed" and reports[B].config_hash == sent[B].config_hash
+        assert reports[B].status is ReportStatus.OFFLINE and reports[B].config_hash == sent[B].config_hash
         assert reports[B].reason.startswith("offline: its connection was lost (last will)"), reports[B].reason
         states = [(c.device, c.state) for c in changes]
         for d in (A, B):
