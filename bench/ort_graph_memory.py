@@ -117,7 +117,7 @@ def fits_side_by_side(device_rows: list[dict], live: dict[tuple, int], baseline:
                zip(device_rows, am.predict_rows(device_rows, store, "ort", fitted, step_of))]
         held_out = am.leave_one_family_out(device_rows, store, baseline, "ort", step_of)
         out[label] = {"in_sample_min": min(got), "in_sample_max": max(got),
-                      "family_factors": {f[0]: f[2] for f in fitted.families},
+                      "family_factors": {f.family: f.workspace_factor for f in fitted.families},
                       "leave_one_family_out": {
                           name.removeprefix("held_out_"): [v["measured_over_predicted_min"],
                                                            v["measured_over_predicted_max"]]
@@ -143,7 +143,7 @@ def main() -> None:
 
     store = ProfileStore(persist=False)
     measured, baseline = measured_rows(Path(args.measured))
-    factors = {f[0]: f[2] for f in DEFAULTS["ort"].families}
+    factors = {f.family: f.workspace_factor for f in DEFAULTS["ort"].families}
     rows, live = [], {}
     for name in args.models.split(","):
         ref = ModelRef.of(name)

@@ -23,7 +23,7 @@ measured: the generic terms stay the bound every other unmeasured family is pric
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
@@ -33,7 +33,7 @@ from edgefl.cost.upper_bound import FITTED as BOUND_TERMS
 from edgefl.cost.upper_bound import MARGIN_BYTES, MARGIN_FRACTION, fit_upper_bound
 from edgefl.errors import ConfigError
 
-SCHEMA = "edgefl.calibration/2"
+SCHEMA = "edgefl.calibration/3"       # /2 wrote each family as a list; load_calibration reads both
 DATA_READ = "batch"        # how devices read their data (a report's `data_read`): the one way calibrated
 
 
@@ -96,8 +96,8 @@ def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConst
         # always the model's family's own entry: a model of a family the benchmarks never measured is priced
         # with the generic terms, the bound over every measured family; its devices' peaks say nothing about
         # another unmeasured family, which keeps that bound
-        placed = base[runtime].with_family(model, new, old.workspace_factor, old.trained_weight_copies,
-                                           old.frozen_weight_copies, old.device_bytes, old.hidden_bytes)
+        placed = base[runtime].with_family(model, **{f: getattr(old, f) for f in BOUND_TERMS},
+                                           workspace_fixed_bytes=new)
         before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
         fits[runtime] = RuntimeFit(runtime, len(rows), new - old.workspace_fixed_bytes, _band(before), fit.band,
                                    replace(placed, source=fit.constants.source))
@@ -120,8 +120,9 @@ def refusal(plan_batch: int, plan_examples: Optional[int], examples: int, metric
 def calibration_json(fits: Mapping[str, RuntimeFit], refused: Iterable[Refused] = ()) -> dict:
     return {
         "schema": SCHEMA,
-        "runtimes": {r: {"workspace_fixed_bytes": f.constants.workspace_fixed_bytes, "families": f.constants.families,
-                         "source": f.constants.source} for r, f in fits.items()},
+        "runtimes": {r: {"workspace_fixed_bytes": f.constants.workspace_fixed_bytes,
+                         "families": [asdict(t) for t in f.constants.families], "source": f.constants.source}
+                     for r, f in fits.items()},
         "fit": {r: {"samples": f.samples, "shift_bytes": f.shift_bytes,
                     "measured_over_predicted_before": {"min": f.ratio_before[0], "max": f.ratio_before[1]},
                     "measured_over_predicted_after": {"min": f.ratio_after[0], "max": f.ratio_after[1]}}

@@ -13,12 +13,30 @@ JSON file that `load_calibration` reads instead.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from edgefl.errors import ConfigError
 
 MiB = 2**20
+
+
+@dataclass(frozen=True)
+class FamilyTerms:
+    """One model family's own workspace terms on a runtime, fitted on its measured peaks (the fields mean what
+    RuntimeConstants' fields of the same names mean). A model of a family without its own terms is priced with
+    the runtime's generic ones, an upper bound over every measured family."""
+    family: str                          # edgefl.cost.constants.family of a zoo name: ResNets of every depth are one
+    workspace_fixed_bytes: int
+    workspace_factor: float
+    trained_weight_copies: float
+    frozen_weight_copies: float
+    device_bytes: int = 0
+    hidden_bytes: int = 0
+
+    def terms(self) -> dict:
+        """The terms by field name, without the family's name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "family"}
 
 
 @dataclass(frozen=True)
@@ -45,29 +63,21 @@ class RuntimeConstants:
     # size (ExecuTorch: a convolution's patch matrices, built 2 MiB at a time, and their gradients; none when
     # only the last layer trains): fitted per measured family (edgefl.cost.model.PeakTerms.hidden)
     hidden_bytes: int = 0
-    # a runtime's memory depends on the graphs it runs: per model family whose peaks were measured
-    # (`family`), that family's own workspace terms (fixed bytes, factor, trained and frozen weight copies,
-    # then device bytes and hidden bytes where given; without them a family's fixed bytes already hold them);
-    # a model of any other family gets the terms above, an upper bound over every measured family
-    families: tuple[tuple, ...] = ()
+    # a runtime's memory depends on the graphs it runs: per model family whose peaks were measured, that
+    # family's own workspace terms; a model of any other family gets the terms above
+    families: tuple[FamilyTerms, ...] = ()
 
     def for_model(self, model: str) -> "RuntimeConstants":
         """The constants a model of zoo name `model` is priced with."""
         name = family(model)
-        for f, fixed, factor, trained, frozen, *extra in self.families:
-            if f == name:
-                device, hidden = (list(extra) + [0, 0])[:2]
-                return replace(self, workspace_fixed_bytes=fixed, workspace_factor=factor,
-                               trained_weight_copies=trained, frozen_weight_copies=frozen,
-                               device_bytes=device, hidden_bytes=hidden, families=())
-        return self
+        own = next((f for f in self.families if f.family == name), None)
+        return self if own is None else replace(self, **own.terms(), families=())
 
-    def with_family(self, model: str, fixed: int, factor: float, trained: float, frozen: float,
-                    device: int = 0, hidden: int = 0) -> "RuntimeConstants":
+    def with_family(self, model: str, **terms) -> "RuntimeConstants":
+        """These constants with `model`'s family's own terms set to `terms` (FamilyTerms' fields)."""
         name = family(model)
-        rest = tuple(f for f in self.families if f[0] != name)
-        entry = (name, fixed, factor, trained, frozen, device, hidden)
-        return replace(self, families=tuple(sorted(rest + (entry,))))
+        rest = tuple(f for f in self.families if f.family != name)
+        return replace(self, families=tuple(sorted(rest + (FamilyTerms(name, **terms),), key=lambda f: f.family)))
 
 
 def unmeasured_note(constants: RuntimeConstants, runtime: str, model: str) -> str | None:
@@ -109,15 +119,21 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # default dynamic mmap threshold the heap fragments and peaks grow up to ~2x: see bench/results/memory_model.json,
     # allocator.
     "torch": RuntimeConstants(
-        228_560_896, 144_457_451, 1.11,
-        "measured import RSS; workspace an upper bound per family on measured peaks",
+        baseline_bytes=228_560_896, workspace_fixed_bytes=144_457_451, workspace_factor=1.11,
+        source="measured import RSS; workspace an upper bound per family on measured peaks",
         prefix_batch=0, trained_weight_copies=2.0, frozen_weight_copies=0.1, device_bytes=0,
-        families=(("cnn", 110_886_589, 0.04, 0.2, 0.0, 23_901_314),
-                  ("densenet40", 131_460_664, 1.1, 0.0, 0.0, 5_608_410),
-                  ("resnet", 114_100_401, 1.1, 0.0, 0.0, 24_285_768),
-                  ("transformer", 112_824_104, 1.11, 2.0, 0.0, 26_072_374),
-                  ("vgg11bn", 117_063_119, 0.27, 0.5, 0.1, 27_394_332),
-                  ("vit", 106_409_103, 1.1, 1.0, 0.0, 23_767_566),)),
+        families=(FamilyTerms("cnn", workspace_fixed_bytes=110_886_589, workspace_factor=0.04,
+                              trained_weight_copies=0.2, frozen_weight_copies=0.0, device_bytes=23_901_314),
+                  FamilyTerms("densenet40", workspace_fixed_bytes=131_460_664, workspace_factor=1.1,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.0, device_bytes=5_608_410),
+                  FamilyTerms("resnet", workspace_fixed_bytes=114_100_401, workspace_factor=1.1,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.0, device_bytes=24_285_768),
+                  FamilyTerms("transformer", workspace_fixed_bytes=112_824_104, workspace_factor=1.11,
+                              trained_weight_copies=2.0, frozen_weight_copies=0.0, device_bytes=26_072_374),
+                  FamilyTerms("vgg11bn", workspace_fixed_bytes=117_063_119, workspace_factor=0.27,
+                              trained_weight_copies=0.5, frozen_weight_copies=0.1, device_bytes=27_394_332),
+                  FamilyTerms("vit", workspace_fixed_bytes=106_409_103, workspace_factor=1.1,
+                              trained_weight_copies=1.0, frozen_weight_copies=0.0, device_bytes=23_767_566),)),
     # onnxruntime-training-cpu 1.19.2 on a device (numpy, the torch-free shim; no torch, no onnx; the CPU arena
     # and buffer reuse off; the prefix's weights as external data). baseline_bytes: RSS of a fresh process after
     # importing it and opening one session (bench/artifact_memory.py: ort_baseline_bytes). Workspace terms as
@@ -135,15 +151,21 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # prefix_batch: the ORT trainer runs the frozen prefix 4 samples at a time
     # (edgefl.device_runtime.trainers.ort_trainer).
     "ort": RuntimeConstants(
-        52_015_104, 20_560_295, 1.29,
-        "measured import + session RSS; workspace an upper bound per family on measured peaks",
+        baseline_bytes=52_015_104, workspace_fixed_bytes=20_560_295, workspace_factor=1.29,
+        source="measured import + session RSS; workspace an upper bound per family on measured peaks",
         prefix_batch=4, trained_weight_copies=1.0, frozen_weight_copies=1.0,
-        families=(("cnn", 13_603_060, 0.92, 0.9, 0.0, 0, 6_177_444),
-                  ("densenet40", 18_317_501, 1.04, 0.8, 0.6, 0, 5_600_778),
-                  ("resnet", 15_198_618, 1.08, 0.0, 0.2, 0, 6_117_575),
-                  ("transformer", 27_233_867, 1.02, 0.0, 0.1, 0, 32_175_383),
-                  ("vgg11bn", 22_699_029, 1.06, 0.2, 0.2, 0, 2_937_248),
-                  ("vit", 21_910_656, 1.12, 0.0, 0.0, 0, 5_499_432),)),
+        families=(FamilyTerms("cnn", workspace_fixed_bytes=13_603_060, workspace_factor=0.92,
+                              trained_weight_copies=0.9, frozen_weight_copies=0.0, hidden_bytes=6_177_444),
+                  FamilyTerms("densenet40", workspace_fixed_bytes=18_317_501, workspace_factor=1.04,
+                              trained_weight_copies=0.8, frozen_weight_copies=0.6, hidden_bytes=5_600_778),
+                  FamilyTerms("resnet", workspace_fixed_bytes=15_198_618, workspace_factor=1.08,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.2, hidden_bytes=6_117_575),
+                  FamilyTerms("transformer", workspace_fixed_bytes=27_233_867, workspace_factor=1.02,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.1, hidden_bytes=32_175_383),
+                  FamilyTerms("vgg11bn", workspace_fixed_bytes=22_699_029, workspace_factor=1.06,
+                              trained_weight_copies=0.2, frozen_weight_copies=0.2, hidden_bytes=2_937_248),
+                  FamilyTerms("vit", workspace_fixed_bytes=21_910_656, workspace_factor=1.12,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.0, hidden_bytes=5_499_432),)),
     # executorch 1.5.1 as devices run it: the native trainer (edgefl-et-train: C++, no Python, no torch).
     # baseline_bytes: peak RSS of a fresh `edgefl-et-train --version` under GNU time, its libraries loaded and
     # kernels registered, no program (bench/artifact_memory.py: executorch_baseline). Workspace terms as above, a
@@ -160,14 +182,19 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # 1: the native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer
     # python, imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
     "executorch": RuntimeConstants(
-        5_148_672, 9_726_672, 1.57,
-        "measured native trainer RSS; workspace an upper bound per family on measured native peaks",
+        baseline_bytes=5_148_672, workspace_fixed_bytes=9_726_672, workspace_factor=1.57,
+        source="measured native trainer RSS; workspace an upper bound per family on measured native peaks",
         prefix_batch=1, trained_weight_copies=1.0, frozen_weight_copies=0.9,
-        families=(("cnn", 8_290_165, 1.09, 0.0, 0.0, 0, 2_815_496),
-                  ("resnet", 6_248_387, 1.12, 1.0, 1.0, 0, 6_687_318),
-                  ("transformer", 4_803_661, 1.51, 0.0, 0.0, 0, 14_009_851),
-                  ("vgg11bn", 8_767_202, 1.34, 0.5, 0.8, 0, 959_470),
-                  ("vit", 0, 1.42, 0.9, 0.9, 0, 1_626_099),)),
+        families=(FamilyTerms("cnn", workspace_fixed_bytes=8_290_165, workspace_factor=1.09,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.0, hidden_bytes=2_815_496),
+                  FamilyTerms("resnet", workspace_fixed_bytes=6_248_387, workspace_factor=1.12,
+                              trained_weight_copies=1.0, frozen_weight_copies=1.0, hidden_bytes=6_687_318),
+                  FamilyTerms("transformer", workspace_fixed_bytes=4_803_661, workspace_factor=1.51,
+                              trained_weight_copies=0.0, frozen_weight_copies=0.0, hidden_bytes=14_009_851),
+                  FamilyTerms("vgg11bn", workspace_fixed_bytes=8_767_202, workspace_factor=1.34,
+                              trained_weight_copies=0.5, frozen_weight_copies=0.8, hidden_bytes=959_470),
+                  FamilyTerms("vit", workspace_fixed_bytes=0, workspace_factor=1.42,
+                              trained_weight_copies=0.9, frozen_weight_copies=0.9, hidden_bytes=1_626_099),)),
 }
 
 
@@ -182,7 +209,9 @@ def load_calibration(path: str | Path | None = None) -> dict[str, RuntimeConstan
             if runtime not in DEFAULTS:
                 raise ConfigError(f"{path}: runtimes.{runtime}: unknown runtime; use one of {', '.join(DEFAULTS)}")
             merged = {**asdict(DEFAULTS[runtime]), **values}
-            merged["families"] = tuple(tuple(f) for f in merged["families"])
+            # a family is a JSON object of FamilyTerms' fields (calibration/3) or a list of them in order (/2)
+            merged["families"] = tuple(FamilyTerms(**f) if isinstance(f, dict) else FamilyTerms(*f)
+                                       for f in merged["families"])
             constants[runtime] = RuntimeConstants(**merged)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: not a calibration file ({exc}); regenerate it with 'edgefl calibrate'") from None

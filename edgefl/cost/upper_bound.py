@@ -160,7 +160,7 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
         constants = replace(base, families=(), **largest,
                             source=source or head + "each term the largest of theirs")
     for name, k in per.items():
-        constants = constants.with_family(name, *(getattr(k, f) for f in FITTED))
+        constants = constants.with_family(name, **{f: getattr(k, f) for f in FITTED})
     return constants
 
 

@@ -2,12 +2,13 @@ from dataclasses import replace
 
 import pytest
 
-from edgefl.cost.constants import RuntimeConstants
+from edgefl.cost.constants import FamilyTerms, RuntimeConstants
 from edgefl.cost.model import PeakTerms
 from edgefl.cost.upper_bound import fit_families, fit_upper_bound, grid, joint_generic
 
 MiB = 2**20
-BASE = RuntimeConstants(100 * MiB, 0, 1.0, "test", trained_weight_copies=0.0, frozen_weight_copies=0.0)
+BASE = RuntimeConstants(baseline_bytes=100 * MiB, workspace_fixed_bytes=0, workspace_factor=1.0, source="test",
+                        trained_weight_copies=0.0, frozen_weight_copies=0.0)
 
 
 def _terms(floor_mib, trained_mib, device):
@@ -67,10 +68,11 @@ def test_a_new_family_gets_the_largest_device_total_not_the_largest_of_each_part
 
 
 def test_a_family_entry_without_device_bytes_holds_them_in_its_fixed_term():
-    older = replace(BASE, device_bytes=7 * MiB, families=(("cnn", 50 * MiB, 1.0, 0.0, 0.0),))
+    older = replace(BASE, device_bytes=7 * MiB, families=(FamilyTerms("cnn", 50 * MiB, 1.0, 0.0, 0.0),))
     assert older.for_model("cnn").device_bytes == 0
     assert older.for_model("cnn").workspace_fixed_bytes == 50 * MiB
-    newer = older.with_family("cnn", 40 * MiB, 1.0, 0.0, 0.0, 10 * MiB)
+    newer = older.with_family("cnn", workspace_fixed_bytes=40 * MiB, workspace_factor=1.0, trained_weight_copies=0.0,
+                              frozen_weight_copies=0.0, device_bytes=10 * MiB)
     assert newer.for_model("cnn").device_bytes == 10 * MiB
     assert newer.for_model("vit").device_bytes == 7 * MiB      # another family: the generic terms
 
