@@ -1,6 +1,6 @@
 """Deployment: the coordinator's round loop driving real devices over MQTT.
 
-It lives with the CLI because it wires the export room into the core. Not a second system: the same
+An engine because it wires the export room into the server. Not a second system: the same
 Coordinator, strategy and aggregation as `edgefl emulate`, the same global model (`TorchServerModel`,
 seeded the same way); what differs is what an instruction carries. Instead of tensors, a device gets the
 artifact set of its config for its runtime, filled with its slice of the current global weights:

@@ -1,7 +1,7 @@
 """`edgefl emulate --engine ray`: the emulated devices in a pool of Ray actors, the round loop here.
 
-It lives with the CLI because it wires the device room (the torch Trainer, EmulatedDevice) into the Ray
-transport, which knows neither. What runs where:
+An engine because it wires the device room (the torch Trainer, EmulatedDevice) into the Ray transport,
+which knows neither. What runs where:
 
 * this process (the driver): data loading, the plan, the Coordinator, the global model, the running
   aggregate, evaluation, history.json and weights.pt, as with `--engine local`;

@@ -66,8 +66,8 @@ def test_ort_sessions_run_without_buffer_reuse_and_arena():
     # ORT lends a forward temporary's buffer to a backward tensor of its size and holds it through the gap:
     # the turn from forward to backward then holds every lent buffer (ViT: 273 -> 198 MiB above the loaded
     # process without; bench/ort_mem_reuse.py); its arena keeps what it grew
-    from edgefl.device_runtime.trainers.ort_trainer import _session_options
-    options = _session_options(1)
+    from edgefl.device_runtime.trainers.ort_trainer import session_options
+    options = session_options(1)
     assert not options.enable_mem_reuse and not options.enable_cpu_mem_arena
 
 
