@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -43,9 +43,10 @@ class GroupSpec(_Strict):
     count: Optional[int] = Field(default=None, ge=1, strict=True)
     ids: Optional[list[str]] = None
     profile: Optional[str] = None
-    memory_budget: Optional[Union[str, int, float]] = None
-    upload_budget: Optional[Union[str, int, float]] = None
-    flops_budget: Optional[Union[str, int, float]] = None
+    # sizes and FLOPs are written with units ('180MiB', '60GFLOP'): parsed into bytes and FLOPs before validation
+    memory_budget: Optional[int] = None
+    upload_budget: Optional[int] = None
+    flops_budget: Optional[float] = None
     runtime: Optional[Runtime] = None
     examples: Optional[int] = Field(default=None, ge=1, strict=True)
 
@@ -227,7 +228,9 @@ def _describe(exc: ValidationError) -> str:
 
 
 def _resolve(body: FleetBody, where: str) -> Fleet:
-    groups, seen, owner = [], set(), {}
+    groups: list[Group] = []
+    seen: set[str] = set()
+    owner: dict[str, str] = {}
     for name, g in body.groups.items():
         at = f"{where}: fleet.groups.{name}"
         if g.count is not None and g.ids is not None:
@@ -238,16 +241,17 @@ def _resolve(body: FleetBody, where: str) -> Fleet:
         if g.count is not None and len(seen) + g.count > MAX_DEVICES:
             raise ConfigError(f"{at}.count: {g.count} devices take the fleet past {MAX_DEVICES}, the most edgefl "
                               "expands into device names; check the number, or split the fleet")
-        if g.memory_budget is None and g.profile is None:
-            raise ConfigError(f"{at}.memory_budget: missing; give a memory_budget (e.g. 180MiB) "
-                              "or a profile that supplies one (see hardware/profiles/)")
         profile = None
         if g.profile is not None:
             try:
                 profile = load_profile(g.profile)
             except ConfigError as exc:
                 raise ConfigError(f"{at}.profile: {exc}") from None
-        ids = tuple(g.ids) if g.ids is not None else tuple(device_id(name, i) for i in range(g.count))
+        memory = g.memory_budget if g.memory_budget is not None else profile.memory_budget_bytes if profile else None
+        if memory is None:
+            raise ConfigError(f"{at}.memory_budget: missing; give a memory_budget (e.g. 180MiB) "
+                              "or a profile that supplies one (see hardware/profiles/)")
+        ids = tuple(g.ids) if g.ids is not None else tuple(device_id(name, i) for i in range(g.count or 0))
         clash = seen.intersection(ids)
         if clash:
             key = "ids" if g.ids is not None else "count"
@@ -257,7 +261,7 @@ def _resolve(body: FleetBody, where: str) -> Fleet:
         owner.update(dict.fromkeys(ids, name))
         groups.append(Group(
             name=name, device_ids=ids,
-            memory_budget_bytes=g.memory_budget if g.memory_budget is not None else profile.memory_budget_bytes,
+            memory_budget_bytes=memory,
             upload_budget_bytes=g.upload_budget, flops_budget=g.flops_budget,
             runtime=g.runtime or (profile.runtime if profile else "torch"),
             examples=g.examples, profile=profile,

@@ -103,7 +103,7 @@ class TrainConfig:
     @property
     def aux_prefix(self) -> str:
         """Global key prefix of this config's auxiliary head."""
-        return aux_key(self.end, self.aux_head)
+        return aux_key(self.end, str(self.aux_head))
 
     @property
     def widths(self) -> tuple[float, ...]:

@@ -15,7 +15,7 @@ _NUMBER = r"(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
 _PATTERN = re.compile(_NUMBER + r"\s*(?P<prefix>Ki|Mi|Gi|Ti|[kKMGTP]?)(?P<unit>[A-Za-z/]*)\s*$")
 
 # unit spellings accepted for each quantity, and the factor to the base unit
-_UNITS = {
+_UNITS: dict[str, dict[str, float]] = {
     "bytes": {"": 1, "B": 1, "byte": 1, "bytes": 1, "b": 0.125, "bit": 0.125},
     "flops": {"": 1, "FLOP": 1, "FLOPs": 1, "FLOPS": 1, "flop": 1, "flops": 1},
     "watts": {"": 1, "W": 1, "w": 1},
@@ -23,7 +23,7 @@ _UNITS = {
 }
 
 # how each quantity is named in messages, with an example of its spelling
-_NAME = {"bytes": "a size in bytes (e.g. 512MiB)", "flops": "a FLOP count (e.g. 50GFLOP)",
+_NAME: dict[str, str] = {"bytes": "a size in bytes (e.g. 512MiB)", "flops": "a FLOP count (e.g. 50GFLOP)",
          "watts": "a power (e.g. 2.5W)", "bits_per_second": "a bit rate (e.g. 20Mbit/s)"}
 
 

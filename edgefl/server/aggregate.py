@@ -22,7 +22,7 @@ engine's arrival order) the result is bit-identical to summing the same contribu
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, cast
 
 import torch
 
@@ -100,6 +100,7 @@ class RunningAggregate:
                 if self.mode == "trained" and isinstance(den, float):
                     out = num / den if den > 0 else g64
                 elif self.mode == "trained":
+                    den = cast(torch.Tensor, den)      # a tensor where devices trained different parts of it
                     out = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), g64)
                 else:
                     out = (num + (self.total - den) * g64) / self.total

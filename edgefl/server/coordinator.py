@@ -15,7 +15,7 @@ import random
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from edgefl.errors import ReportRejected
 from edgefl.fleet import Fleet
@@ -171,7 +171,7 @@ class Coordinator:
                 self.state.journal(report)
             intake.take(report)
 
-        for report in self.state.journaled(r) if journaled else ():
+        for report in self.state.journaled(r) if self.state is not None and journaled else ():
             intake.take(report)
         for report in self.transport.collect(r, waiting, self.settings.round_timeout_s, arrived):
             if not intake.took(report):     # made up at the end (failed: gone offline) or held back (duplicates)
@@ -250,8 +250,9 @@ class _Intake:
     def close(self, group_of: Mapping[str, str], min_reports: int) -> None:
         record = self.record
         self._taken.clear()
-        for by_device in (record.measured_activation_bytes, record.failed, record.rejected,
-                          record.measured_peak_bytes, record.examples, record.device_metrics):
+        by_devices: tuple[dict[str, Any], ...] = (record.measured_activation_bytes, record.failed, record.rejected,
+                                                 record.measured_peak_bytes, record.examples, record.device_metrics)
+        for by_device in by_devices:
             ordered = sorted(by_device.items())
             by_device.clear()
             by_device.update(ordered)

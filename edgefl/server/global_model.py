@@ -9,7 +9,7 @@ model with the same code.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Protocol, Union
+from typing import Callable, Mapping, Optional, Protocol, Union, cast
 
 import numpy as np
 import torch
@@ -18,7 +18,17 @@ from edgefl.data import Dataset
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.server.aggregate import RunningAggregate
 from edgefl.server.coordinator import Delivery
-from edgefl.server.submodel import aggregate, device_model, embed, ensure_aux, entries, extract, index_sets
+from edgefl.server.submodel import (
+    IndexSets,
+    Mode,
+    aggregate,
+    device_model,
+    embed,
+    ensure_aux,
+    entries,
+    extract,
+    index_sets,
+)
 from edgefl.server.toa import toa
 from edgefl.server.validate import check_tensors, clip_update, expected_of
 from edgefl.trainconfig import TrainConfig
@@ -82,7 +92,8 @@ class TorchServerModel:
     def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
         parts = self.parts(instruction)
         self.state = ensure_aux(self.state, self.ref, parts)
-        delivery = Delivery(weights={}, handle=[])
+        delivery = Delivery(weights={})
+        handled: list[tuple[TrainConfig, IndexSets]] = []
         for config in parts:
             indices = index_sets(self.ref, config, instruction.round, device_seed)
             if self.toa is not None and len(parts) == 1 and config.frozen_prefix >= 2:
@@ -92,11 +103,11 @@ class TorchServerModel:
                     delivery.options["widths"] = indices.widths
             sliced = extract(self.state, self.ref, config, indices)
             delivery.weights.update({e.key: sliced[e.device_key] for e in entries(self.ref, config)})
-            delivery.handle.append((config, indices))
-        trained = {e.key for config, _ in delivery.handle for e in entries(self.ref, config)
+            handled.append((config, indices))
+        trained = {e.key for config, _ in handled for e in entries(self.ref, config)
                    if e.layer >= config.frozen_prefix and not e.frozen}
         # what the device must upload, as sent: the report is checked against it before anything is placed
-        delivery.handle = (delivery.handle, expected_of(delivery.weights, sorted(trained)))
+        delivery.handle = (handled, expected_of(delivery.weights, sorted(trained)))
         return delivery
 
     def contribution(self, report: DeviceReport, instruction: RoundInstruction, handle):
@@ -129,7 +140,7 @@ class TorchServerModel:
 
     def aggregate(self, contributions: list, mode: str) -> None:
         """A round's contributions all at once: the same fold, in their order."""
-        self.state = aggregate(self.state, contributions, mode)
+        self.state = aggregate(self.state, contributions, cast(Mode, mode))
 
     def global_model(self, judged: Optional[TrainConfig] = None) -> torch.nn.Module:
         """The model evaluated: `judged` (default: the evaluated config now), or the whole model."""
@@ -157,7 +168,7 @@ class TorchServerModel:
             model, config = self._estimated[2:]
         else:
             model = self.global_model(judged).to(self.trainer.device)
-            config = TrainConfig(num_layers=len(model.layers), aux_head=judged.aux_head if judged is not None else None)
+            config = TrainConfig(num_layers=len(cast(torch.nn.ModuleList, model.layers)), aux_head=judged.aux_head if judged is not None else None)
             if self.static_bn is not None:
                 self._estimate_bn(model, config, *self.static_bn)
                 if judged is None:      # the global state (weights.pt) holds the statistics it is evaluated with

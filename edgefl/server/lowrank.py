@@ -24,10 +24,11 @@ global W = U diag(S) V^T as two factors '<p>.weight_u' = U diag(S) (P x z) and '
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 import zlib
-from typing import Mapping, Optional
+from typing import Mapping, Optional, cast
 
 import torch
 from torch import nn
@@ -49,7 +50,7 @@ def adapted(model: nn.Module, config: TrainConfig) -> list[tuple[int, str, nn.Li
     """(layer, module path, module) of every nn.Linear trained at low rank: those inside the rank layers."""
     out = []
     for i in config.rank_layers:
-        for name, module in model.layers[i].named_modules():
+        for name, module in model.get_submodule(f"layers.{i}").named_modules():
             if isinstance(module, nn.Linear):
                 out.append((i, f"layers.{i}" + (f".{name}" if name else ""), module))
     return out
@@ -66,7 +67,8 @@ class LoRAAdapter(nn.Module):
 
 def _lora_forward(module: nn.Linear, inputs, output):
     # reads the adapter through the module it is given, so a deep copy of the model adapts with its own copy
-    return output + F.linear(F.linear(inputs[0], module.lora.A), module.lora.B)
+    adapter = cast(LoRAAdapter, module.lora)
+    return output + F.linear(F.linear(inputs[0], adapter.A), adapter.B)
 
 
 class FactorLinear(nn.Module):
@@ -87,7 +89,9 @@ def convert(model: nn.Module, config: TrainConfig) -> nn.Module:
     """Make `model` (full width, layers [0, end)) train its rank layers' linears at `config.rank`, in place.
     Sets `model.frozen_tensors`: the state names inside trained layers that stay frozen (LoRA's W and b),
     which the trainer neither trains nor uploads."""
-    frozen = set()
+    if config.rank is None:
+        raise ValueError("the config trains no layer at low rank")
+    frozen: set[str] = set()
     for _, path, linear in adapted(model, config):
         if config.rank_mode == "lora":
             linear.lora = LoRAAdapter(config.rank, linear.in_features, linear.out_features)
@@ -97,7 +101,7 @@ def convert(model: nn.Module, config: TrainConfig) -> nn.Module:
             parent, _, child = path.rpartition(".")
             factor = FactorLinear(linear.in_features, linear.out_features, config.rank, linear.bias is not None)
             setattr(model.get_submodule(parent), child, factor)
-    model.frozen_tensors = frozenset(frozen)
+    setattr(model, "frozen_tensors", frozenset(frozen))    # a plain attribute, not a parameter or buffer
     return model
 
 
@@ -144,11 +148,15 @@ def ensure_adapters(state: Mapping[str, torch.Tensor], model: nn.Module, config:
 _SVD: dict[int, tuple] = {}
 
 
+def _forget(key: int, _ref) -> None:
+    _SVD.pop(key, None)
+
+
 def _svd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ref, version, cached = _SVD.get(id(w), (None, None, None))
     if ref is None or ref() is not w or version != w._version:
         cached = torch.linalg.svd(w.detach().double(), full_matrices=False)
-        _SVD[id(w)] = (weakref.ref(w, lambda _, key=id(w): _SVD.pop(key, None)), w._version, cached)
+        _SVD[id(w)] = (weakref.ref(w, functools.partial(_forget, id(w))), w._version, cached)
     return cached
 
 
@@ -194,7 +202,7 @@ def place(state: Mapping[str, torch.Tensor], updates: Mapping[tuple[str, str], t
             p[region], m[region] = update.to(base.dtype), True
             placed[source], mask[source] = p, m
     for source in sorted({s for s, part in updates if part == "U"}):
-        u, v = updates.get((source, "U")), updates.get((source, "V"))
+        u, v = updates[(source, "U")], updates.get((source, "V"))
         base = state[source]
         if v is None or u.shape != (base.shape[0], rank) or v.shape != (rank, base.shape[1]):
             raise ReportRejected(f"the factors of {source!r} must be {base.shape[0]}x{rank} and {rank}x{base.shape[1]}")

@@ -21,12 +21,15 @@ import os
 import pickle
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 import numpy as np
 
 from edgefl.errors import ConfigError
 from edgefl.messages import DeviceReport
+
+if TYPE_CHECKING:     # the strategy is pickled whole: its module is the pickle's business
+    from edgefl.planning.strategies.base import Strategy
 
 SCHEMA = "edgefl.state/1"
 
@@ -44,7 +47,8 @@ def _npz_bytes(tensors: Mapping[str, Any]) -> bytes:
     import io
 
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in tensors.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in tensors.items()}
+    np.savez(buf, **arrays)
     return buf.getvalue()
 
 
@@ -69,7 +73,7 @@ class RunState:
                 old.unlink(missing_ok=True)
         self._drop_journal(upto=round)
 
-    def load(self) -> Optional[tuple[int, dict[str, np.ndarray], object, list[dict]]]:
+    def load(self) -> Optional[tuple[int, dict[str, np.ndarray], Strategy, list[dict]]]:
         """(last completed round, global tensors, strategy, history records) or None for a fresh folder."""
         pointer = self.folder / "checkpoint.json"
         if not pointer.exists():

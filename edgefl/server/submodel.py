@@ -20,7 +20,7 @@ import random
 import zlib
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable, Literal, Mapping, Optional, Sequence
+from typing import Iterable, Literal, Mapping, Optional, Sequence, cast
 
 import torch
 from torch import nn
@@ -34,6 +34,7 @@ from edgefl.zoo.base import scaled
 from edgefl.zoo.spaces import Dim, Seg, tensor_dims
 
 State = dict[str, torch.Tensor]
+Mode = Literal["trained", "sampled"]    # aggregation: over the devices that trained a tensor, or all sampled
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,9 @@ def nested_index(ref: ModelRef, outer: TrainConfig, inner: TrainConfig) -> dict[
     Both take prefix index sets (HeteroFL, FjORD) and inner is no wider anywhere, so its channels are a
     subset of outer's: FjORD's ordered dropout trains the inner model on these slices of the outer one."""
     outer_ix, inner_ix = index_sets(ref, outer), index_sets(ref, inner)
-    out = {}
+    out: dict[str, Optional[tuple]] = {}
     for e in entries(ref, inner):
-        picks = []
+        picks: list[Optional[list[int]]] = []
         for d in e.dims:
             if d is None:
                 picks.append(None)
@@ -220,10 +221,11 @@ def extract(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config: Tra
             indices: IndexSets) -> State:
     """The device model's state (device_model(ref, config, indices).load_state_dict(..., strict=True))."""
     state = ensure_aux(global_state, ref, [config])
-    out, factors = {}, {}
+    out: State = {}
+    factors: dict = {}
     for e in entries(ref, config):
         if e.source is not None:
-            out[e.device_key] = lowrank.extract_part(state, e.source, e.part, config.rank, factors)
+            out[e.device_key] = lowrank.extract_part(state, e.source, cast(str, e.part), cast(int, config.rank), factors)
             continue
         t = state[e.key].detach()
         ix = _index(e.dims, indices, t.shape)
@@ -241,14 +243,16 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
     where mask is False; frozen tensors are never uploaded, so they appear in neither. A tensor trained
     whole is placed as the upload itself (shared, not copied) with a broadcast True mask."""
     state = ensure_aux(global_state, ref, [config])
-    placed, mask, low_rank = {}, {}, {}
+    placed: State = {}
+    mask: State = {}
+    low_rank: dict[tuple[str, str], torch.Tensor] = {}
     for e in entries(ref, config):
         if e.layer < config.frozen_prefix or e.frozen:
             continue
         if e.device_key not in device_update:
             raise ReportRejected(f"the update lacks trained tensor {e.device_key!r}")
         if e.source is not None:
-            low_rank[e.source, e.part] = device_update[e.device_key].detach()
+            low_rank[e.source, cast(str, e.part)] = device_update[e.device_key].detach()
             continue
         base, update = state[e.key].detach(), device_update[e.device_key].detach()
         ix = _index(e.dims, indices, base.shape)
@@ -266,14 +270,14 @@ def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, 
         m[ix] = True
         placed[e.key], mask[e.key] = p, m
     if low_rank:
-        p, m = lowrank.place(state, low_rank, config.rank)
-        placed.update(p)
-        mask.update(m)
+        factor_placed, factor_mask = lowrank.place(state, low_rank, cast(int, config.rank))
+        placed.update(factor_placed)
+        mask.update(factor_mask)
     return placed, mask
 
 
 def aggregate(global_state: Mapping[str, torch.Tensor], contributions: Sequence[Contribution],
-              mode: Literal["trained", "sampled"] = "trained") -> State:
+              mode: Mode = "trained") -> State:
     """Combine a round's `embed` contributions (n_k, x_k, m_k) by the rule `mode` names: the same fold as the
     coordinator's, in their order (edgefl.server.aggregate.RunningAggregate states the rules). Pure: returns a new
     dict; tensors nobody touched are the global ones. Every contribution key must be in global_state (add

@@ -76,6 +76,8 @@ def filter_norms(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config
                 part = rows[offset: offset + s.size * s.inner].reshape(s.size, s.inner).sum(1)
                 sq = part if sq is None else sq + part
             offset += s.size * s.inner
+    if sq is None:
+        raise ValueError(f"no weight of the config writes channels of {space!r}")
     return sq.sqrt()
 
 
