@@ -18,16 +18,8 @@ from edgefl.broker.acl import fleet_acl, render_acl
 from edgefl.broker.credentials import CredentialChanges, sync_credentials
 from edgefl.broker.files import owner, write_file
 from edgefl.broker.launch import find_mosquitto
-from edgefl.broker.mosquitto_conf import (
-    ACL_FILE,
-    DATA_DIR,
-    PASSWORD_FILE,
-    TLS_DIR,
-    ListenerSettings,
-    check_port,
-    packet_limit,
-    render_conf,
-)
+from edgefl.broker.mosquitto_conf import (ACL_FILE, DATA_DIR, PASSWORD_FILE, TLS_DIR, ListenerSettings, check_port,
+                                          packet_limit, render_conf)
 from edgefl.broker.passwords import hash_password, parse_password_file, render_password_file, verify_password
 from edgefl.broker.services import COMPOSE_FILE, UNIT_FILE, compose_file, systemd_unit
 from edgefl.errors import ConfigError, require

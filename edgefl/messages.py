@@ -9,8 +9,8 @@ An instruction with a `sequence` asks for its configs to be trained one after an
 from __future__ import annotations
 
 import hashlib
+import sys
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from typing import Any, Optional
 
 from edgefl.errors import ReportRejected
@@ -61,7 +61,17 @@ class RoundInstruction:
                    sequence=tuple(TrainConfig.from_json(c) for c in d.get("sequence", [])))
 
 
-class ReportStatus(str, Enum):
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:     # Python 3.10: StrEnum as 3.11 has it, a str whose str() is its value
+    from enum import Enum
+
+    class StrEnum(str, Enum):
+        def __str__(self) -> str:
+            return self.value
+
+
+class ReportStatus(StrEnum):
     """How a device's round ended. A device reports OK or FAILED (out of memory, a crash, an instruction it
     refused); the coordinator's end of the transport makes the other two: REJECTED (it refused the upload:
     malformed, not asked for, over its size) and OFFLINE (the device went offline during its round)."""
@@ -69,9 +79,6 @@ class ReportStatus(str, Enum):
     FAILED = "failed"
     REJECTED = "rejected"
     OFFLINE = "offline"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 DEVICE_STATUSES = (ReportStatus.OK, ReportStatus.FAILED)     # what a device's own report may say

@@ -85,7 +85,7 @@ def unmeasured_note(constants: RuntimeConstants, runtime: str, model: str) -> st
     it is priced with the generic terms (edgefl.cost.upper_bound.fit_families), a bound that holds with more memory
     to spare than a family's own."""
     name = family(model)
-    measured = sorted(f[0] for f in constants.families)
+    measured = sorted(f.family for f in constants.families)
     if not measured or name in measured:
         return None
     return (f"{runtime}: no measured memory constants for {name}; its peaks are priced with the generic terms "

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import inspect
 from functools import partial
+from typing import Optional
 
-from edgefl.data.base import Dataset
+from edgefl.data.base import Dataset, subset
 from edgefl.data.cifar import cifar
 from edgefl.data.mnist import fashion_mnist, mnist
 from edgefl.data.text import shakespeare
@@ -35,3 +36,10 @@ def load_dataset(name: str, root=None, split: str = "train", **options) -> Datas
         raise ConfigError(f"dataset {name!r} has no option {', '.join(unknown)}; "
                           f"its options: {', '.join(sorted(allowed))}")
     return loader(root=root, split=split, **options)
+
+
+def load_split(name: str, split: str, root=None, limit: Optional[int] = None, seed: int = 0, **options) -> Dataset:
+    """A run's `split` of data set `name`, cut to a seeded subset of `limit` examples (`--train-limit`,
+    `--test-limit`): the training split's subset drawn with `seed`, the test split's with `seed + 1`, so that
+    an emulated run, its served twin and a fleet of agents hold the same examples."""
+    return subset(load_dataset(name, root=root, split=split, **options), limit, seed + 1 if split == "test" else seed)

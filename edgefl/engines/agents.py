@@ -49,10 +49,10 @@ def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, 
                   data_root: Optional[Path] = None) -> dict[str, Path]:
     """Each device's share of the training split as DIR/<device>/{x,y}.npy, split as emulation splits it
     (edgefl.data.shares: cut to its group's `examples:`)."""
-    from edgefl.data import load_dataset, subset
+    from edgefl.data import load_split
     from edgefl.data.shares import device_shares, save_share
 
-    train = subset(load_dataset(dataset, root=data_root, split="train"), train_limit, seed)
+    train = load_split(dataset, "train", data_root, train_limit, seed)
     return {device: save_share(folder / device, train.x[idx], train.y[idx])
             for device, idx in sorted(device_shares(fleet, train, partition, seed, source=dataset).items())}
 

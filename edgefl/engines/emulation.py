@@ -17,8 +17,9 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 import edgefl
-from edgefl.data import Dataset, load_dataset, parse_partition, subset
+from edgefl.data import Dataset, load_split, parse_partition
 from edgefl.data.shares import device_shares
+from edgefl.engines.run_options import RunOptions
 from edgefl.errors import ConfigError
 from edgefl.fleet import Fleet, load_fleet
 from edgefl.outdir import check_output, make_output
@@ -38,8 +39,8 @@ def is_run(folder: Path) -> bool:
     return any((folder / name).is_file() for name in RUN_FILES)
 
 
-@dataclass
-class Emulation:
+@dataclass(kw_only=True)
+class Emulation(RunOptions):
     """What to emulate: the fleet file, the model (`layers`, `classes`, `input_shape` as `edgefl.zoo.from_options`
     takes them), the data set and its split over the devices, the method, the round loop's settings, where the
     devices train (`engine`: local | ray, at `address`) and the run folder (`output`; `force` replaces an
@@ -55,14 +56,9 @@ class Emulation:
     clients_per_round: int = 10
     partition: str = "iid"
     device: str = "cpu"
-    seed: int = 0
     batch_size: int = 32
     local_epochs: int = 1
-    lr: float = 0.05
-    eval_every: int = 1
     train_limit: Optional[int] = None
-    test_limit: Optional[int] = None
-    data_root: Optional[Path] = None
     layers: Optional[list[int]] = None
     classes: Optional[int] = None
     input_shape: Optional[tuple[int, ...]] = None
@@ -134,10 +130,8 @@ class EmulatedRun:
             from edgefl.zoo.pretrained import fine_tuning_data_options
 
             options = fine_tuning_data_options(spec.pretrained, spec.dataset)
-        train = subset(load_dataset(spec.dataset, root=spec.data_root, split="train", **options), spec.train_limit,
-                       spec.seed)
-        test = subset(load_dataset(spec.dataset, root=spec.data_root, split="test", **options), spec.test_limit,
-                      spec.seed + 1)
+        train = load_split(spec.dataset, "train", spec.data_root, spec.train_limit, spec.seed, **options)
+        test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed, **options)
         model, depths = cls._model(spec, train)
         strategy = strategy_for(spec.method, depths)
         plan = plan_fleet(strategy, fleet, model, rounds=spec.rounds, batch_size=spec.batch_size,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
+from edgefl.engines.run_options import RunOptions
 from edgefl.errors import TransportError
 from edgefl.units import listing
 
@@ -25,8 +26,8 @@ class RoundWatcher(Protocol):
     def round_done(self, record) -> None: ...
 
 
-@dataclass
-class Serving:
+@dataclass(kw_only=True)
+class Serving(RunOptions):
     """What to serve: a plan file, the broker and the coordinator's login, the state (run) folder, the round
     loop's settings (rounds default to the plan's, clients per round to every device), the fleet file the plan
     was made from (default: device names from the plan's group counts) and a test split to evaluate on."""
@@ -41,12 +42,7 @@ class Serving:
     devices: Optional[Path] = None
     clients_per_round: Optional[int] = None
     wait_online: float = 60.0
-    seed: int = 0
-    lr: float = 0.05
-    eval_every: int = 1
     dataset: Optional[str] = None
-    test_limit: Optional[int] = None
-    data_root: Optional[Path] = None
     clip_norm: Optional[float] = None
 
     def config_json(self, plan, total: int) -> dict:
@@ -59,7 +55,7 @@ def serve(spec: Serving, say: Callable[[str], None],
           watch: Callable[[object, dict[str, str], int], RoundWatcher]) -> None:
     """Run the plan on the devices at the broker until its last round. `say`: where progress lines go;
     `watch(transport, group of each device, rounds)`: what shows the rounds as they go."""
-    from edgefl.data import load_dataset, subset
+    from edgefl.data import load_split
     from edgefl.engines.deployed import ArtifactShipper, DeployedServerModel, check_deployable, fleet_of
     from edgefl.engines.local import torch_trainer
     from edgefl.fleet import load_fleet
@@ -75,7 +71,7 @@ def serve(spec: Serving, say: Callable[[str], None],
                      f"--devices {spec.devices} and --plan {spec.plan}")
     test = None
     if spec.dataset is not None:
-        test = subset(load_dataset(spec.dataset, root=spec.data_root, split="test"), spec.test_limit, spec.seed + 1)
+        test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed)
     total = spec.rounds or plan.rounds
     spec.state.mkdir(parents=True, exist_ok=True)
     plan.write(spec.state / "plan.json")

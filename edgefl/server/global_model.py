@@ -18,17 +18,8 @@ from edgefl.data import Dataset
 from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.server.aggregate import RunningAggregate
 from edgefl.server.coordinator import Delivery
-from edgefl.server.submodel import (
-    IndexSets,
-    Mode,
-    aggregate,
-    device_model,
-    embed,
-    ensure_aux,
-    entries,
-    extract,
-    index_sets,
-)
+from edgefl.server.submodel import (IndexSets, Mode, aggregate, device_model, embed, ensure_aux, entries, extract,
+                                    index_sets)
 from edgefl.server.toa import toa
 from edgefl.server.validate import check_tensors, clip_update, expected_of
 from edgefl.trainconfig import TrainConfig

@@ -18,11 +18,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass
-from enum import Enum
 from typing import Callable, Iterable, Optional
 
+from edgefl.messages import StrEnum
 
-class DeviceState(str, Enum):
+
+class DeviceState(StrEnum):
     """A device's state in the round in progress (above); WAITING marks a round's start of waiting for reports."""
     SENT = "sent"
     DOWNLOADING = "downloading"
@@ -31,9 +32,6 @@ class DeviceState(str, Enum):
     FAILED = "failed"
     OFFLINE = "offline"
     WAITING = "waiting"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 S = DeviceState

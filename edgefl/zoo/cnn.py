@@ -10,15 +10,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from edgefl.zoo.base import (
-    FlattenLinear,
-    LayeredModel,
-    PoolLinear,
-    conv_output_module,
-    full_widths,
-    scaled,
-    stages_ahead,
-)
+from edgefl.zoo.base import (FlattenLinear, LayeredModel, PoolLinear, conv_output_module, full_widths, scaled,
+                             stages_ahead)
 from edgefl.zoo.spaces import repeat, seg, tag
 
 CHANNELS = (32, 64)

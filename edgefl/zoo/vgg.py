@@ -9,16 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from edgefl.zoo.base import (
-    ConvBNReLU,
-    FlattenLinear,
-    LayeredModel,
-    PoolLinear,
-    conv_output_module,
-    full_widths,
-    scaled,
-    stages_ahead,
-)
+from edgefl.zoo.base import (ConvBNReLU, FlattenLinear, LayeredModel, PoolLinear, conv_output_module, full_widths,
+                             scaled, stages_ahead)
 from edgefl.zoo.spaces import Dim, repeat, seg
 
 CFG = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")

@@ -12,19 +12,8 @@ global model and reproduce the runtime's eval loss. ExecuTorch on every case: `p
 import numpy as np
 import pytest
 import torch
-from export_cases import (
-    CNN,
-    DENSENET,
-    EXPORTS,
-    LM,
-    RESNET,
-    backend_params,
-    cnn_config,
-    densenet_config,
-    global_state,
-    lm_config,
-    resnet_config,
-)
+from export_cases import (CNN, DENSENET, EXPORTS, LM, RESNET, backend_params, cnn_config, densenet_config, global_state,
+                          lm_config, resnet_config)
 
 from edgefl.device_runtime.trainers.base import trainer_class
 from edgefl.export.split import split

@@ -14,14 +14,8 @@ from edgefl.broker.acl import COORDINATOR, fleet_acl, may_subscribe, parse_acl, 
 from edgefl.broker.credentials import sync_credentials
 from edgefl.broker.files import write_file
 from edgefl.broker.launch import broker_command
-from edgefl.broker.mosquitto_conf import (
-    CHUNK_BYTES,
-    CONTROL_HEADROOM,
-    ListenerSettings,
-    packet_limit,
-    read_conf,
-    render_conf,
-)
+from edgefl.broker.mosquitto_conf import (CHUNK_BYTES, CONTROL_HEADROOM, ListenerSettings, packet_limit, read_conf,
+                                          render_conf)
 from edgefl.broker.passwords import hash_password, parse_password_file, render_password_file, verify_password
 from edgefl.errors import ConfigError, MissingDependencyError
 from edgefl.topics import check_device_id, filter_covered

@@ -158,12 +158,11 @@ def test_the_public_api_is_what_each_room_names(package):
 
 
 def test_the_public_api_imports_no_torch_until_a_name_needs_it():
-    code = ("import sys, edgefl, edgefl.planning, edgefl.server, edgefl.engines\n"
-            "edgefl.plan_fleet, edgefl.load_fleet, edgefl.Coordinator, edgefl.Emulation, edgefl.DeviceReport\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n"
-            "edgefl.server.TorchServerModel\n"
-            "assert 'torch' in sys.modules\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    used = ["import sys, edgefl, edgefl.planning, edgefl.server, edgefl.engines",
+            "edgefl.plan_fleet, edgefl.load_fleet, edgefl.Coordinator, edgefl.Emulation, edgefl.DeviceReport",
+            "assert 'torch' not in sys.modules, 'torch imported'",
+            "edgefl.server.TorchServerModel", "assert 'torch' in sys.modules"]
+    r = _run(ROOT, [sys.executable, "-c", "\n".join(used)])
     assert r.returncode == 0, r.stderr
 
 
