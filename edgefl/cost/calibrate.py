@@ -96,8 +96,8 @@ def fit_overheads(samples: Iterable[PeakSample], base: Mapping[str, RuntimeConst
         # always the model's family's own entry: a model of a family the benchmarks never measured is priced
         # with the generic terms, the bound over every measured family; its devices' peaks say nothing about
         # another unmeasured family, which keeps that bound
-        placed = base[runtime].with_family(model, **{f: getattr(old, f) for f in BOUND_TERMS},
-                                           workspace_fixed_bytes=new)
+        placed = base[runtime].with_family(model, **{**{f: getattr(old, f) for f in BOUND_TERMS},
+                                                     "workspace_fixed_bytes": new})
         before = [(r.terms.peak(old), r.measured_bytes) for r in rows]
         fits[runtime] = RuntimeFit(runtime, len(rows), new - old.workspace_fixed_bytes, _band(before), fit.band,
                                    replace(placed, source=fit.constants.source))

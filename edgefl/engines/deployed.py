@@ -6,7 +6,7 @@ seeded the same way); what differs is what an instruction carries. Instead of te
 artifact set of its config for its runtime, filled with its slice of the current global weights:
 
 * a set is exported once per (config, runtime, index sets) and only has its weights rewritten in later
-  rounds (`edgefl.export.refresh_weights`), once per round however many devices train it;
+  rounds (`edgefl.export.pipeline.refresh_weights`), once per round however many devices train it;
 * shipping it (`WireTransport.ship_artifact`) offers the manifest and every file by sha256: a device
   fetches only what its cache lacks, so unchanged graphs and an unchanged frozen prefix never travel twice;
 * the instruction carries the set's id and the cost model's predicted peak, which the device checks
