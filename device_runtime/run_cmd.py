@@ -24,6 +24,10 @@ def add_parser(sub) -> None:
                         "Python reference trainer (imports torch)")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device",
                    help="sha256-addressed artifact cache")
+    p.add_argument("--cache-budget", default="128MiB",
+                   help="what the cache may keep beyond the current round's set, e.g. 512MiB (least used goes first)")
+    p.add_argument("--receipt-wait", type=float, default=30.0,
+                   help="seconds a report waits for the coordinator's receipt before it is sent again (doubling)")
     p.add_argument("--memory", help="peak training memory this device grants, e.g. 180MiB (default: the "
                                     "--profile's budget; instructions predicted above it are refused)")
     p.add_argument("--profile", help="hardware profile name (hardware/profiles): default memory and power")
@@ -48,7 +52,7 @@ def _device_facts(args) -> tuple[int | None, float, str]:
     if runtime is None:
         raise ConfigError("--runtime: not given and no --profile to take it from; give --runtime ort|executorch|torch "
                           "or the device's --profile")
-    memory = parse_bytes(args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
+    memory = size_option("--memory", args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
     if args.power:
         power = parse_watts(args.power)
     elif profile:
@@ -56,6 +60,15 @@ def _device_facts(args) -> tuple[int | None, float, str]:
     else:
         power = 0.0   # fine with a sensor; without one select_meter asks for --power or --profile
     return memory, power, runtime
+
+
+def size_option(option: str, text: str) -> int:
+    from edgefl.errors import ConfigError
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,13 +88,18 @@ def run(args: argparse.Namespace) -> int:
     meter()   # a missing sensor or power figure fails now, not in the middle of a round
     choose(runtime, args.trainer)   # and so does an unbuilt native trainer, before connecting
 
-    link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
+    link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file,
+                    receipt_s=args.receipt_wait, cache_budget_bytes=size_option("--cache-budget", args.cache_budget))
     agent = DeviceAgent(link, args.id, args.data, runtime, memory_bytes=memory, meter=meter,
                         threads=args.threads, enforce_memory=args.enforce_memory, trainer=args.trainer,
                         log=lambda line: print(f"{args.id}: {line}", flush=True))
     stop = threading.Event()
+
+    def stopping(*_) -> None:     # ends a fetch or a training at once: the agent exits within seconds
+        stop.set()
+        link.stop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stopping)
     link.announce(agent.profile({"profile": args.profile, "power_w": power}))
     print(f"{args.id}: online at {args.broker}, runtime {runtime}"
           + (f" (native trainer {agent.native})" if agent.native else "")

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Protocol
 
 from edgefl.engines.run_options import RunOptions
 from edgefl.errors import TransportError
+from edgefl.outdir import write_atomic
 from edgefl.units import listing
 
 
@@ -44,6 +45,7 @@ class Serving(RunOptions):
     wait_online: float = 60.0
     dataset: Optional[str] = None
     clip_norm: Optional[float] = None
+    grace: float = 30.0        # edgefl.transport.endpoint.GRACE_S: a device gone offline is still waited for
 
     def config_json(self, plan, total: int) -> dict:
         return {"plan": str(self.plan), "broker": self.broker, "method": plan.method, "model": plan.model.to_json(),
@@ -73,13 +75,14 @@ def serve(spec: Serving, say: Callable[[str], None],
     if spec.dataset is not None:
         test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed)
     total = spec.rounds or plan.rounds
-    spec.state.mkdir(parents=True, exist_ok=True)
+    state = RunState(spec.state)
+    state.load()        # a damaged or inconsistent state fails now, naming its file, before anything connects
     plan.write(spec.state / "plan.json")
-    (spec.state / "config.json").write_text(json.dumps(spec.config_json(plan, total), indent=2) + "\n")
+    write_atomic(spec.state / "config.json", (json.dumps(spec.config_json(plan, total), indent=2) + "\n").encode())
     runtime_of = {d: g.runtime for g in fleet.groups for d in g.device_ids}
     group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
     backend_for = _backends(sorted(set(runtime_of.values())))
-    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file)
+    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file, grace_s=spec.grace)
     try:
         transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
         everyone = sorted(runtime_of)
@@ -97,7 +100,7 @@ def serve(spec: Serving, say: Callable[[str], None],
         view = watch(transport, group_of, total)
         coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
                                   examples=examples.__getitem__, on_round=view.round_done,
-                                  state=RunState(spec.state), online=lambda: transport.online().keys())
+                                  state=state, online=lambda: transport.online().keys())
         with view:
             coordinator.run()
     finally:

@@ -18,6 +18,7 @@ previous run left on the broker (`found`); `retire(..., only=(group, id))` one p
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -251,6 +252,10 @@ class ArtifactServer:
         m = transfer.manifest
         try:
             payload = read_range(transfer.data, *m.bounds(seq))
+            if hashlib.sha256(payload).hexdigest() != m.chunks[seq]:
+                # an artifact is immutable once named: a file rewritten since it was offered is not it any more,
+                # and sending its new bytes would only have the device ask again, without end
+                raise OSError(f"chunk {seq} changed since it was offered: the file was rewritten in place")
         except OSError as exc:
             log.error("artifact %s for %s: cannot read chunk %d (%s)", m.id[:12], device, seq, exc)
             self._transfers.pop((device, m.id), None)
