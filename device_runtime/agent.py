@@ -88,9 +88,10 @@ class DeviceAgent:
             handled = self.handle(assignment)
             if stop.is_set():
                 break                  # stopping: a round cut short says nothing worth sending
-            if handled is None:
-                round = assignment.instruction.round
-                self.log(f"round {round}: dropped: {self.link.superseded(round)}")
+            round = assignment.instruction.round if isinstance(assignment, Assignment) else assignment.round
+            late = self.link.superseded(round)
+            if handled is None or late:     # the round ended while this device fetched or trained: nobody takes it
+                self.log(f"round {round}: dropped: {late or 'its fetch ended'}")
                 continue
             report, order = handled
             self.link.report(report, order)

@@ -76,13 +76,17 @@ def serve(spec: Serving, say: Callable[[str], None],
         test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed)
     total = spec.rounds or plan.rounds
     state = RunState(spec.state)
-    state.load()        # a damaged or inconsistent state fails now, naming its file, before anything connects
+    saved = state.load()   # a damaged or inconsistent state fails now, naming its file, before anything connects
+    # a run started in this folder before: answers queued for the round it goes on with are its devices' and
+    # are held until that round is instructed again (a fresh folder holds none: they would be another run's)
+    resuming = (saved[0] + 1 if saved is not None else 1) if (spec.state / "config.json").exists() else 0
     plan.write(spec.state / "plan.json")
     write_atomic(spec.state / "config.json", (json.dumps(spec.config_json(plan, total), indent=2) + "\n").encode())
     runtime_of = {d: g.runtime for g in fleet.groups for d in g.device_ids}
     group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
     backend_for = _backends(sorted(set(runtime_of.values())))
-    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file, grace_s=spec.grace)
+    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file, grace_s=spec.grace,
+                              resuming=resuming)
     try:
         transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
         everyone = sorted(runtime_of)

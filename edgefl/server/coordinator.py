@@ -113,7 +113,7 @@ class Coordinator:
         """Rounds from `start_round` (default: after the last checkpoint, or 1) to settings.rounds; with a
         state folder each completed round is checkpointed before the next begins."""
         first = self.resume() if start_round is None else start_round
-        if self.state is not None:
+        if self.state is not None and (first > 1 or self.state.journaled_devices(first)):
             self.transport.resuming(first)
         for r in range(first, self.settings.rounds + 1):
             self.history.append(self.round(r))

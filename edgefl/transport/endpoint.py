@@ -26,9 +26,8 @@ device's login in the coordinator's place would otherwise connect, see nobody an
 
 Uploads are held only where this end asked for them: tensors for a (device, round) it sent no instruction
 for (a closed round, one not started, a device not sampled) are dropped as they arrive and the upload becomes a
-refused report; but an upload for the round this end `resuming` (it restarted) waits for that round's
-instruction, up to EARLY_BYTES in all (the previous run of the coordinator had sent it); an upload past the instruction's `upload_bytes` is refused as soon as it is past, before
-the rest arrives. A refused upload is a REJECTED report saying why.
+refused report (REJECTED, saying why), except for the round a restarted end is `resuming`: held until its
+instruction goes out, up to EARLY_BYTES. An upload past its instruction's `upload_bytes` is refused at once.
 """
 from __future__ import annotations
 
@@ -74,9 +73,11 @@ class _Sent:
 
 
 class WireTransport(Transport):
-    def __init__(self, wire: Wire, chunk_size: int = CHUNK_SIZE, window: int = WINDOW, grace_s: float = GRACE_S):
+    def __init__(self, wire: Wire, chunk_size: int = CHUNK_SIZE, window: int = WINDOW, grace_s: float = GRACE_S,
+                 resuming: int = 0):
         """`grace_s`: how long a device whose presence went offline, or whose upload was refused, is still
-        waited for (module doc)."""
+        waited for; `resuming`: the round a restarted coordinator goes on with (`resuming()`), set before the
+        first message of a persistent session's queue is read (module doc)."""
         self.wire = wire
         self.artifacts = ArtifactServer(wire, chunk_size, window)
         self._cond = threading.Condition()
@@ -84,7 +85,8 @@ class WireTransport(Transport):
         self._answers = Answers(grace_s)
         self._strays: list[DeviceReport] = []                     # refused, for no sent round: the next collect
         self._limits: dict[tuple[str, int], _Sent] = {}          # (device, round) instructed -> what was sent
-        self._sent_round = self._closed_round = self._resuming = 0
+        self._sent_round = self._closed_round = 0
+        self._resuming = resuming
         self._presence: dict[str, dict] = {}
         self._probes: set[str] = set()                            # probe ids that came back
         self.activity = Activity()
@@ -106,7 +108,6 @@ class WireTransport(Transport):
                                      "this login may not read what devices send")
             self._probes.discard(probe)
 
-    # ------------------------------------------------------------------------------ down
     def share_by_group(self, group_of: Mapping[str, str]) -> None:
         """Device -> its group (as the fleet file and the broker's ACL have them): what a group's devices get
         alike travels once per group, on the group's topics."""
@@ -171,7 +172,6 @@ class WireTransport(Transport):
         self.activity.sent(device, instruction.round)
         self.wire.publish(topics.instruction(device), Assignment(instruction, blob, artifacts, shared).dumps())
 
-    # -------------------------------------------------------------------------------- up
     def collect(self, round: int, expected: Iterable[str], timeout_s: Optional[float],
                 on_report: Optional[Callable[[DeviceReport], None]] = None) -> list[DeviceReport]:
         expected = set(expected)
