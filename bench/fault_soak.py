@@ -179,12 +179,9 @@ class Soak:
                                capture_output=True)
             record.update(device=victim, connected=r.returncode in (0, 27))   # 27: -W timed out, as asked
         elif fault == "full_disk":
-            filler = self.disk / "filler"
-            with open(filler, "wb", buffering=0) as f:
-                for block in (2**20, 4096):
-                    with contextlib.suppress(OSError):
-                        while True:
-                            f.write(b"\0" * block)
+            from served_run import fill_disk
+
+            filler = fill_disk(self.disk)
             self.until(lambda: serve.poll() is not None, 120)
             record["serve_exit"] = serve.returncode
             filler.unlink()
@@ -304,7 +301,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runs = {"fault_free": (), "lossless": LOSSLESS, "all": LOSSLESS + TAKE_OUT}
     out: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                 "args": {k: str(v) for k, v in vars(args).items()}, "round_timeout_s": ROUND_TIMEOUT_S, "runs": {}}
+                 "args": {k: v for k, v in vars(args).items() if k != "output"}, "round_timeout_s": ROUND_TIMEOUT_S, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="fault-soak-") as tmp:
         tmp = Path(tmp)
         fleet, plan = tmp / "fleet.yaml", tmp / "plan.json"

@@ -98,3 +98,16 @@ def wait_for(predicate, timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def fill_disk(folder: Path) -> Path:
+    """Fill the file system under `folder` to the last byte (MiBs, then 4 KiB blocks); the filler file."""
+    import contextlib
+
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for block in (2**20, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * block)
+    return filler

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from broker_fixture import Client, credentials, free_port, running, write_fleet
 from mosquitto import Mosquitto
-from served_run import ServedRun, edgefl, wait_for, write_plan
+from served_run import ServedRun, edgefl, fill_disk, wait_for, write_plan
 
 from edgefl import topics
 
@@ -286,23 +286,13 @@ def _tmpfs(folder: Path, size: str):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        for block in (2**20, 4096):       # MiBs, then the last partial one
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * block)
-    return filler
-
-
 def test_6_a_full_disk_is_one_line_naming_the_folder_and_a_restart_resumes(tmp_path):
     fleet, plan = write_plan(tmp_path, FLEET, "fedavg", rounds=4)
     with _tmpfs(tmp_path / "disk", "256m") as disk, ServedRun(tmp_path, fleet, plan, train_limit=1500) as run:
         state = disk / "state"
         serve = _serve(run, state, 4, "--round-timeout", "60")
         wait_for(lambda: len(_rounds(state)) >= 1 or serve.poll() is not None, 120, "round 1 checkpointed")
-        filler = _fill(disk)
+        filler = fill_disk(disk)
         out, _ = serve.communicate(timeout=120)
         assert serve.returncode == 2, out[-3000:]         # the exit of a user-fixable error
         error = [line for line in out.splitlines() if "error:" in line]
