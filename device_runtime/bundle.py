@@ -15,6 +15,7 @@ $EDGEFL_DEVICE_HOME/wheels/<platform>/<hash of the requirements>, so the next bu
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.metadata
 import os
@@ -31,6 +32,7 @@ from edgefl.device_runtime import native
 from edgefl.errors import ConfigError, MissingDependencyError
 
 TOP = "edgefl-device"
+ZIP_EPOCH = 315532800                        # 1980-01-01: the earliest time a zip (a wheel) entry can hold
 PYTHON_VERSION = "3.11"                      # Raspberry Pi OS bookworm's python3
 EXCLUDED = ("torch", "executorch", "onnxruntime")   # prefixes of wheel names that never go in
 DEPLOY = Path(__file__).parent / "deploy"
@@ -52,15 +54,16 @@ def source_tree() -> Path:
     return root
 
 
-def build_wheel(source: Path, into: Path) -> Path:
-    """edgefl's own wheel (pip wheel --no-deps) from a copy of the source tree."""
+def build_wheel(source: Path, into: Path, epoch: int = ZIP_EPOCH) -> Path:
+    """edgefl's own wheel (pip wheel --no-deps) from a copy of the source tree, its entries dated `epoch`."""
     with tempfile.TemporaryDirectory(prefix="edgefl-src-") as tmp:
         copy = Path(tmp) / "edgefl"
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
         # with the installed setuptools nothing is fetched from an index
         isolation = ["--no-build-isolation"] if _setuptools_builds_wheels() else []
         argv = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation, "-w", str(into), str(copy)]
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = subprocess.run(argv, capture_output=True, text=True,
+                              env={**os.environ, "SOURCE_DATE_EPOCH": str(max(epoch, ZIP_EPOCH))})
     wheels = sorted(into.glob("edgefl-*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
         raise RuntimeError(f"building edgefl's wheel failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -150,10 +153,42 @@ def sha256sums(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    return info
+def source_date_epoch(source: Path) -> int:
+    """The time every file of a bundle carries: $SOURCE_DATE_EPOCH, else the source tree's last commit, else
+    1980-01-01 (the earliest a zip entry can hold). Never the clock or a checkout's file times: two bundles
+    of the same tree must be the same bytes."""
+    if os.environ.get("SOURCE_DATE_EPOCH", "").strip().isdigit():
+        return int(os.environ["SOURCE_DATE_EPOCH"])
+    git = shutil.which("git")
+    if git is not None:
+        proc = subprocess.run([git, "-C", str(source), "log", "-1", "--format=%ct"], capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip().isdigit():
+            return int(proc.stdout.strip())
+    return ZIP_EPOCH
+
+
+def write_archive(stage: Path, output: Path, epoch: int) -> None:
+    """`stage` as `output` (.tar.gz) under its own name, reproducibly: entries sorted, owned by root, dated
+    `epoch`, modes 0755 (folders and executables) or 0644, the gzip header dated too. Written to a partial
+    file and renamed, so a failed write leaves no half archive."""
+    partial = output.with_name(output.name + ".partial")
+    try:
+        with open(partial, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=epoch) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            for path in [stage, *sorted(stage.rglob("*"), key=lambda p: p.relative_to(stage).parts)]:
+                info = tar.gettarinfo(str(path), arcname=(Path(stage.name) / path.relative_to(stage)).as_posix())
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                info.mtime = epoch
+                info.mode = 0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644
+                if path.is_file():
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def build_bundle(target_name: str, output: Path, log=lambda line: None, force: bool = False) -> Path:
@@ -165,6 +200,7 @@ def build_bundle(target_name: str, output: Path, log=lambda line: None, force: b
     if output.exists() and not force:
         raise ConfigError(f"-o {output}: already exists; pass --force to overwrite it")
     source = source_tree()
+    epoch = source_date_epoch(source)
     with tempfile.TemporaryDirectory(prefix="edgefl-bundle-") as tmp:
         stage = Path(tmp) / TOP
         for sub in ("bin", "lib", "wheels"):
@@ -175,7 +211,7 @@ def build_bundle(target_name: str, output: Path, log=lambda line: None, force: b
         for name in native.NEEDED_LIBRARIES:
             shutil.copy2(libraries / name, stage / "lib" / name)
         log("building the edgefl wheel")
-        own = build_wheel(source, stage / "wheels")
+        own = build_wheel(source, stage / "wheels", epoch)
         deps = dependency_wheels(own, t, log)
         check_excluded([own, *deps])
         for wheel in deps:
@@ -185,13 +221,7 @@ def build_bundle(target_name: str, output: Path, log=lambda line: None, force: b
         for path in (stage / "install.sh", stage / "bin" / native.BINARY, *(stage / "lib").iterdir()):
             path.chmod(0o755)
         (stage / "SHA256SUMS").write_text(sha256sums(stage))
-        partial = output.with_name(output.name + ".partial")
-        try:
-            with tarfile.open(partial, "w:gz") as tar:
-                tar.add(stage, arcname=TOP, filter=_root_owned)
-            os.replace(partial, output)
-        finally:
-            partial.unlink(missing_ok=True)
+        write_archive(stage, output, epoch)
     return output
 
 
