@@ -48,9 +48,15 @@ def _device_facts(args) -> tuple[int | None, float, str]:
     if runtime is None:
         raise ConfigError("--runtime: not given and no --profile to take it from; give --runtime ort|executorch|torch "
                           "or the device's --profile")
-    memory = parse_bytes(args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
+    try:
+        memory = parse_bytes(args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
+    except ValueError as exc:
+        raise ConfigError(f"--memory: {exc}") from None
     if args.power:
-        power = parse_watts(args.power)
+        try:
+            power = parse_watts(args.power)
+        except ValueError as exc:
+            raise ConfigError(f"--power: {exc}") from None
     elif profile:
         power = profile.power_active_w
     else:
