@@ -46,6 +46,8 @@ def emulate(devices: o.Devices, model: o.Model, dataset: o.Dataset, method: o.Me
     for g in run.plan.groups.values():
         if g.excluded:
             stdout.print(f"[yellow]group {g.name} excluded[/]: {g.reason}")
+        for out in g.sits_out:
+            stdout.print(f"[yellow]group {g.name} sits out[/] {out.describe()}")
     with round_display(stdout, rounds) as show:
         records = run.train(show, lambda line: stdout.print(line, markup=False, highlight=False))
     last = final_accuracy(records)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from edgefl.engines.run_options import RunOptions
-from edgefl.errors import TransportError
+from edgefl.errors import ConfigError, TransportError
 from edgefl.units import listing
 
 
@@ -72,6 +72,11 @@ def serve(spec: Serving, say: Callable[[str], None],
     test = None
     if spec.dataset is not None:
         test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed)
+    if spec.rounds is not None and spec.rounds > plan.rounds:
+        has = f"{plan.rounds} round{'s' * (plan.rounds != 1)}"
+        raise ConfigError(f"--rounds {spec.rounds}: the plan {spec.plan} has {has}, so no device would train in rounds "
+                          f"{plan.rounds + 1}-{spec.rounds}; plan again with 'edgefl plan ... --rounds {spec.rounds}', "
+                          "or leave --rounds out")
     total = spec.rounds or plan.rounds
     spec.state.mkdir(parents=True, exist_ok=True)
     plan.write(spec.state / "plan.json")

@@ -154,9 +154,16 @@ def group_rows(run: Run) -> list[dict]:
         rows.append({"group": name, "devices": g.count, "runtime": g.runtime,
                      "memory budget": format_bytes(g.memory_budget_bytes),
                      "predicted peak": format_bytes(peak) if peak is not None else "-",
-                     "status": f"excluded: {g.reason}" if g.excluded else "takes part",
+                     "status": _status(g),
                      "device-rounds trained": trained.get(name, 0)})
     return rows
+
+
+def _status(g) -> str:
+    """'takes part', with the rounds it sits out and the budgets that keep it out; or why it is excluded."""
+    if g.excluded:
+        return f"excluded: {g.reason}"
+    return "; ".join(["takes part"] + [f"sits out {o.describe()}" for o in g.sits_out])
 
 
 def device_rows(run: Run) -> list[dict]:

@@ -136,7 +136,7 @@ class Coordinator:
             group = self.fleet.group(self.group_of[device])
             step = self.strategy.configure_round(self.plan, r, group.name)
             if step is None:
-                record.skipped[device] = "no configuration of this method fits its group this round"
+                record.skipped[device] = self.strategy.idle_reason(self.plan, r, group.name)
                 continue
             bad = violations(step.predicted, group, step.config)
             if bad:  # budgets are enforced, not assumed

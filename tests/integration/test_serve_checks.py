@@ -72,3 +72,12 @@ def test_nobody_of_the_fleet_online_is_an_error_naming_the_fix():
     with pytest.raises(TransportError, match=r"none of the 2 devices of the plan came online at mqtt://b:1883 within "
                                              r"60 s \(ids pi-0, pi-1\); start them with their logins"):
         _online_line(["stranger"], ["pi-0", "pi-1"])
+
+
+def test_more_rounds_than_the_plan_has_are_refused_before_connecting(plan, tmp_path):
+    """Rounds past the plan gave every device 'no configuration fits' (issue 40): one line with the fix."""
+    r = edgefl("serve", "--plan", plan, "--broker", "mqtt://127.0.0.1:1", "--rounds", "10", "--state",
+               tmp_path / "state", timeout=120)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip() == (f"edgefl: error: --rounds 10: the plan {plan} has 1 round, so no device would train in "
+                                "rounds 2-10; plan again with 'edgefl plan ... --rounds 10', or leave --rounds out")
