@@ -26,6 +26,11 @@ def status(
 
     current, history = _read(run / STATUS_FILE), _history(run)
     if current is None and history is None:
+        if (run / "plan.json").is_file():      # a run that stopped (or is) before its first round ended
+            stdout.print(f"{run}: no round finished yet (its plan was written at "
+                         f"{clock((run / 'plan.json').stat().st_mtime)}); history.json comes after each round, and "
+                         "a run that stopped before said why on its own output", highlight=False, markup=False)
+            return
         raise ConfigError(f"{run}: neither {STATUS_FILE} nor history.json is there; give the folder of "
                           "'edgefl serve --state' (or 'edgefl emulate -o')")
     now = time.time()

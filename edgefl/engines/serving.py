@@ -64,6 +64,7 @@ def serve(spec: Serving, say: Callable[[str], None],
     from edgefl.server.coordinator import Coordinator, LoopSettings
     from edgefl.server.runstate import RunState
     from edgefl.transport.mqtt import MqttTransport
+    from edgefl.zoo.from_options import check_reads
 
     plan = Plan.read(spec.plan)
     check_deployable(plan)
@@ -72,6 +73,7 @@ def serve(spec: Serving, say: Callable[[str], None],
     test = None
     if spec.dataset is not None:
         test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed)
+        check_reads(plan.model.name, test)
     if spec.rounds is not None and spec.rounds > plan.rounds:
         has = f"{plan.rounds} round{'s' * (plan.rounds != 1)}"
         raise ConfigError(f"--rounds {spec.rounds}: the plan {spec.plan} has {has}, so no device would train in rounds "

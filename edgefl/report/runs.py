@@ -51,6 +51,9 @@ def load_run(folder: Path) -> Run:
     try:
         history = json.loads((folder / "history.json").read_text())
     except OSError:
+        if (folder / "plan.json").is_file():
+            raise ConfigError(f"{folder}: no round finished (it holds the plan but no history.json): the run stopped "
+                              "before its first round ended, or is in it; report it once a round has finished") from None
         raise ConfigError(f"{folder}: no history.json; give a folder written by 'edgefl emulate -o' or "
                           "'edgefl serve'") from None
     except ValueError as exc:
