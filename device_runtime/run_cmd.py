@@ -11,29 +11,37 @@ from edgefl.units import format_bytes, parse_bytes
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="join a coordinator over MQTT and train what it sends")
+    from edgefl.device_runtime.help_format import Help
+
+    p = sub.add_parser("run", help="join a coordinator over MQTT and train what it sends (the default command: "
+                                   "'edgefl-device --id ID ...' is 'edgefl-device run --id ID ...')",
+                       description="Join a coordinator over MQTT and train what it sends until stopped; "
+                                   "'edgefl-device --id ID ...' means the same.", formatter_class=Help)
     p.add_argument("--id", required=True, help="this device's id (its login name on the broker)")
-    p.add_argument("--broker", required=True, help="mqtt://HOST:PORT or mqtts://HOST:PORT")
-    p.add_argument("--credentials", type=Path, help="this device's login file {username, password}")
-    p.add_argument("--ca-file", type=Path, help="the broker's CA certificate (mqtts)")
-    p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
+    p.add_argument("--broker", required=True, metavar="URL", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    p.add_argument("--credentials", type=Path, metavar="FILE", help="this device's login file {username, password}")
+    p.add_argument("--ca-file", type=Path, metavar="FILE", help="the broker's CA certificate (mqtts)")
+    p.add_argument("--data", required=True, type=Path, metavar="PATH",
+                   help="folder with x.npy and y.npy, or an .npz with x and y")
     p.add_argument("--runtime", choices=("ort", "executorch", "torch"),
                    help="the training runtime (default: the --profile's)")
     p.add_argument("--trainer", choices=("auto", "native", "python"), default="auto",
                    help="ExecuTorch sets: the native trainer (auto, built with 'edgefl-device build-native') or the "
                         "Python reference trainer (imports torch)")
-    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device",
+    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device", metavar="DIR",
                    help="sha256-addressed artifact cache")
-    p.add_argument("--memory", help="peak training memory this device grants, e.g. 180MiB (default: the "
-                                    "--profile's budget; instructions predicted above it are refused)")
+    p.add_argument("--memory", metavar="SIZE", help="peak training memory this device grants, e.g. 180MiB (default: "
+                                                    "the --profile's budget; instructions predicted above it are refused)")
     p.add_argument("--profile", help="hardware profile name (hardware/profiles): default memory and power")
-    p.add_argument("--energy", default="auto", help="auto | rapl | ina219 | battery | profile")
-    p.add_argument("--i2c-bus", type=int, help="I2C bus of an INA219 power monitor (1 on a Raspberry Pi)")
-    p.add_argument("--power", help="active power for the energy estimate when no sensor is present, e.g. 3W")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--energy", default="auto", help="what measures energy: auto | rapl | ina219 | battery | profile "
+                                                    "(the training process's, not the agent's)")
+    p.add_argument("--i2c-bus", type=int, metavar="N", help="I2C bus of an INA219 power monitor (1 on a Raspberry Pi)")
+    p.add_argument("--power", metavar="WATTS", help="active power for the energy estimate when no sensor is present, "
+                                                    "e.g. 3W")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="threads the training process uses")
     p.add_argument("--enforce-memory", action="store_true",
                    help="kill a training process that goes over --memory, as the device's OOM killer would")
-    p.add_argument("--rounds", type=int, help="stop after this many rounds (default: serve until stopped)")
+    p.add_argument("--rounds", type=int, metavar="N", help="stop after this many rounds (default: serve until stopped)")
 
 
 def _device_facts(args) -> tuple[int | None, float, str]:

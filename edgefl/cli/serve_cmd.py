@@ -23,7 +23,9 @@ FleetFile = Annotated[Optional[Path], typer.Option("--devices", help="the fleet 
 PerRound = Annotated[Optional[int], typer.Option("--clients-per-round", min=1, help="default: every device")]
 WaitOnline = Annotated[float, typer.Option("--wait-online", min=0.0, help="seconds to wait for every device before "
                                            "round 1")]
-TestSet = Annotated[Optional[str], typer.Option("--dataset", help="evaluate on this data set's test split")]
+TestSet = Annotated[Optional[str], typer.Option("--dataset", metavar="DATASET", help="evaluate the global model on this "
+                                                "data set's test split after each round; without it nothing is "
+                                                "evaluated (devices hold the training data)")]
 ClipNorm = Annotated[Optional[float], typer.Option("--clip-norm", min=0.0, help="bound each device update's L2 norm "
                                                   "(robustness to bad uploads)")]
 
