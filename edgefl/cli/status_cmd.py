@@ -47,8 +47,11 @@ def status(
 
 def _progress(status: dict, now: float) -> list[str]:
     if status.get("finished"):
-        return [f"run {status.get('outcome') or 'finished'} at {clock(status['updated'])}, "
-                f"round {status.get('round') or 0} of {status.get('rounds', '?')}"]
+        line = (f"run {status.get('outcome') or 'finished'} at {clock(status['updated'])}, "
+                f"round {status.get('round') or 0} of {status.get('rounds', '?')}")
+        if str(status.get("outcome")).startswith("stopped"):
+            line += "; start edgefl serve again with the same --state to resume"
+        return [line]
     age = now - status.get("updated", 0)
     lines = [header(status, now) + f" (updated {age:.0f} s ago)"]
     if age > STALE_S:

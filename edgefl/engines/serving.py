@@ -90,8 +90,17 @@ def serve(spec: Serving, say: Callable[[str], None],
     try:
         transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
         everyone = sorted(runtime_of)
-        say(f"waiting up to {spec.wait_online:.0f} s for {len(everyone)} devices at {spec.broker} ...")
-        say(online_line(transport.wait_online(everyone, spec.wait_online), everyone, spec.broker, spec.wait_online))
+        done = RunState(spec.state).records()
+        gone = offline_in(done[-1]) if done else {}
+        if done:
+            say(f"resuming {spec.state} at round {len(done) + 1} of {total}: rounds 1-{len(done)} are checkpointed "
+                "there")
+        # a resumed run does not wait for the devices its last round found offline (an agent that died): they
+        # join the round after they come back, as any device does
+        awaited = [d for d in everyone if d not in gone] or everyone
+        say(f"waiting up to {spec.wait_online:.0f} s for {len(awaited)} devices at {spec.broker} ...")
+        online = transport.wait_online(awaited, spec.wait_online)
+        say(online_line(online, everyone, spec.broker, spec.wait_online, gone))
         strategy = get_strategy(plan.method)
         server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), spec.seed, clip_norm=spec.clip_norm,
                                      evaluated=lambda: strategy.evaluated_config(plan),
@@ -126,17 +135,30 @@ def _backends(runtimes: list[str]) -> Callable[[str], object]:
     return backend_for
 
 
-def online_line(online: dict, expected: list[str], broker: str, waited: float) -> str:
-    """'3 of 4 devices online (not yet: ...)', counting only the fleet's devices; others connected are named.
-    TransportError when none of them came."""
+def offline_in(record: dict) -> dict[str, str]:
+    """The devices a round (a history record) found offline, each with where that was recorded."""
+    found = {**record.get("skipped", {}), **record.get("failed", {})}
+    return {d: f"offline in round {record['round']}" for d, why in sorted(found.items()) if why.startswith("offline")}
+
+
+def online_line(online: dict, expected: list[str], broker: str, waited: float,
+                gone: Optional[dict[str, str]] = None) -> str:
+    """'3 of 4 devices online (not waited for: d (offline in round 6); not yet: ...)', counting only the fleet's
+    devices (`gone`: those not waited for, and why); others connected are named. TransportError when none of
+    them is online."""
+    gone = gone or {}
     here = [d for d in expected if d in online]
     if not here:
         raise TransportError(f"none of the {len(expected)} devices of the plan came online at {broker} within "
                              f"{waited:.0f} s (ids {listing(expected, 3)}); start them with their logins "
                              "('edgefl fleet up', or 'edgefl-device --id ID ...'), or raise --wait-online")
     line = f"{len(here)} of {len(expected)} devices online"
-    if missing := [d for d in expected if d not in online]:
-        line += f" (not yet: {listing(missing)})"
+    left = [f"{d} ({gone[d]})" for d in expected if d not in online and d in gone]
+    waiting = [d for d in expected if d not in online and d not in gone]
+    notes = [f"not waited for: {listing(left, 3)}"] if left else []
+    notes += [f"not yet: {listing(waiting)}"] if waiting else []
+    if notes:
+        line += f" ({'; '.join(notes)})"
     if strangers := sorted(set(online) - set(expected)):
         line += f"; also connected but not in this fleet: {listing(strangers)}"
     return line

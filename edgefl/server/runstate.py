@@ -73,6 +73,27 @@ class RunState:
                 old.unlink(missing_ok=True)
         self._drop_journal(upto=round)
 
+    def completed(self) -> int:
+        """The last round checkpointed here (0 for a fresh folder), read without loading the checkpoint."""
+        try:
+            return int(json.loads((self.folder / "checkpoint.json").read_text())["round"])
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{self.folder}: unreadable run state ({exc}); start with an empty --state folder "
+                              "or restore the folder from a backup") from None
+
+    def records(self) -> list[dict]:
+        """The completed rounds' history records, read without loading the checkpoint."""
+        done = self.completed()
+        if not done:
+            return []
+        try:
+            return json.loads((self.folder / "history.json").read_text())["rounds"][:done]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{self.folder}/history.json: unreadable run state ({exc}); start with an empty "
+                              "--state folder or restore the folder from a backup") from None
+
     def load(self) -> Optional[tuple[int, dict[str, np.ndarray], Strategy, list[dict]]]:
         """(last completed round, global tensors, strategy, history records) or None for a fresh folder."""
         pointer = self.folder / "checkpoint.json"

@@ -68,6 +68,18 @@ def test_only_the_fleets_devices_count_as_online_and_strangers_are_named():
         "1 of 9 devices online (not yet: pi-1, pi-2, pi-3, pi-4, pi-5 and 3 more)"
 
 
+def test_a_resumed_run_names_the_devices_its_last_round_found_offline_apart():
+    from edgefl.engines.serving import offline_in, online_line
+
+    last = {"round": 6, "skipped": {"pi-1": "offline", "pi-3": "its group sits out rounds 6-9: ..."},
+            "failed": {"pi-4": "offline: its connection was lost (last will) 3 s after its round-6 instruction; ...",
+                       "pi-5": "out of memory"}}
+    gone = offline_in(last)
+    assert gone == {"pi-1": "offline in round 6", "pi-4": "offline in round 6"}
+    line = online_line({"pi-0": {}}, ["pi-0", "pi-1", "pi-2"], "mqtt://b:1883", 60, gone)
+    assert line == "1 of 3 devices online (not waited for: pi-1 (offline in round 6); not yet: pi-2)"
+
+
 def test_nobody_of_the_fleet_online_is_an_error_naming_the_fix():
     with pytest.raises(TransportError, match=r"none of the 2 devices of the plan came online at mqtt://b:1883 within "
                                              r"60 s \(ids pi-0, pi-1\); start them with their logins"):
