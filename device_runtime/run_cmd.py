@@ -1,5 +1,11 @@
 """`edgefl-device run --id ID --broker URL ...` (also `edgefl-device --id ID ...`): join a coordinator and
-train what it sends until stopped (SIGTERM / Ctrl-C) or `--rounds` rounds are done."""
+train what it sends until stopped (SIGTERM / Ctrl-C) or `--rounds` rounds are done.
+
+One agent per device id and broker on a machine (`one_agent`): two agents with one id take the broker connection
+from each other every second (the broker closes the older connection for the newer, whose twin reconnects and
+closes it in turn), and nothing says so: mosquitto 2.0 closes the socket without MQTT 5's session-taken-over
+reason, and MQTT 3.1.1 has none. A second agent is refused before it connects, naming the first's pid; two
+machines using one id are the operator's to keep apart (the broker log shows 'already connected')."""
 from __future__ import annotations
 
 import argparse
@@ -79,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from edgefl.device_runtime.native import choose
     from edgefl.hardware.energy import select_meter
 
+    held = one_agent(args.id, args.broker)
     # what holds for any model, before connecting: every round would fail on it (each round's set is
     # checked against its own manifest when it arrives)
     check_values(*open_local_data(args.data))
@@ -104,7 +111,28 @@ def run(args: argparse.Namespace) -> int:
         agent.serve(stop, args.rounds)
     finally:
         link.close()
+        held.close()
     return 0
+
+
+def one_agent(device_id: str, broker: str):
+    """This machine's claim on `device_id` at `broker` (module doc), held until closed or the process ends."""
+    import os
+    import socket
+    import tempfile
+
+    from edgefl.outdir import exclusive
+    from edgefl.protocol.broker_address import parse_broker_url
+
+    address = parse_broker_url(broker)
+    try:
+        host = socket.gethostbyname(address.host)     # localhost and 127.0.0.1 are one broker
+    except OSError:
+        host = address.host
+    lock = Path(tempfile.gettempdir()) / f"edgefl-device-{os.getuid()}" / f"{host}-{address.port}-{device_id}.lock"
+    return exclusive(lock, lambda pid: f"{device_id}: another edgefl-device (pid {pid}) runs as {device_id} at "
+                     f"{address.url} on this machine; stop it first (two agents with one id take the broker "
+                     "connection from each other every second)")
 
 
 def main_argv(argv: list[str]) -> list[str]:
