@@ -36,8 +36,10 @@ def add_parser(sub) -> None:
                         "Python reference trainer (imports torch)")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device", metavar="DIR",
                    help="sha256-addressed artifact cache")
-    p.add_argument("--memory", metavar="SIZE", help="peak training memory this device grants, e.g. 180MiB (default: "
-                                                    "the --profile's budget; instructions predicted above it are refused)")
+    p.add_argument("--memory", metavar="SIZE", help="peak training memory this device grants, e.g. 180MiB "
+                                                    "(default: its fleet group's budget, which the coordinator sends "
+                                                    "with each round, else the --profile's; instructions predicted "
+                                                    "above it are refused)")
     p.add_argument("--profile", help="hardware profile name (hardware/profiles): default memory and power")
     p.add_argument("--energy", default="auto", help="what measures energy: auto | rapl | ina219 | battery | profile "
                                                     "(the training process's, not the agent's)")
@@ -50,9 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--rounds", type=int, metavar="N", help="stop after this many rounds (default: serve until stopped)")
 
 
-def _device_facts(args) -> tuple[int | None, float, str]:
-    """(memory budget bytes, active power W, runtime) from --memory/--power/--runtime, else the profile, else
-    none / 0 W (a sensor must measure) / an error."""
+def _device_facts(args) -> tuple[int | None, int | None, float, str]:
+    """(memory declared with --memory, the profile's memory budget, active power W, runtime): --power/--runtime,
+    else the profile, else 0 W (a sensor must measure) / an error."""
     from edgefl.errors import ConfigError
     from edgefl.hardware.profiles import load_profile
     from edgefl.units import parse_watts
@@ -63,7 +65,7 @@ def _device_facts(args) -> tuple[int | None, float, str]:
         raise ConfigError("--runtime: not given and no --profile to take it from; give --runtime ort|executorch|torch "
                           "or the device's --profile")
     try:
-        memory = parse_bytes(args.memory) if args.memory else (profile.memory_budget_bytes if profile else None)
+        memory = parse_bytes(args.memory) if args.memory else None
     except ValueError as exc:
         raise ConfigError(f"--memory: {exc}") from None
     if args.power:
@@ -75,7 +77,7 @@ def _device_facts(args) -> tuple[int | None, float, str]:
         power = profile.power_active_w
     else:
         power = 0.0   # fine with a sensor; without one select_meter asks for --power or --profile
-    return memory, power, runtime
+    return memory, profile.memory_budget_bytes if profile else None, power, runtime
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     # what holds for any model, before connecting: every round would fail on it (each round's set is
     # checked against its own manifest when it arrives)
     check_values(*open_local_data(args.data))
-    memory, power, runtime = _device_facts(args)
+    memory, profile_memory, power, runtime = _device_facts(args)
     def meter():
         return select_meter(args.energy, power_active_w=power, i2c_bus=args.i2c_bus)
 
@@ -97,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     choose(runtime, args.trainer)   # and so does an unbuilt native trainer, before connecting
 
     link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
-    agent = DeviceAgent(link, args.id, args.data, runtime, memory_bytes=memory, meter=meter,
-                        threads=args.threads, enforce_memory=args.enforce_memory, trainer=args.trainer,
+    agent = DeviceAgent(link, args.id, args.data, runtime, memory_bytes=memory, profile_memory_bytes=profile_memory,
+                        meter=meter, threads=args.threads, enforce_memory=args.enforce_memory, trainer=args.trainer,
                         log=lambda line: print(f"{args.id}: {line}", flush=True))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -106,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     link.announce(agent.profile({"profile": args.profile, "power_w": power}))
     print(f"{args.id}: online at {args.broker}, runtime {runtime}"
           + (f" (native trainer {agent.native})" if agent.native else "")
-          + (f", memory {format_bytes(memory)}" if memory else ""), flush=True)
+          + (f", memory {format_bytes(memory)}" if memory else ", memory: its group's budget, sent with each round"),
+          flush=True)
     try:
         agent.serve(stop, args.rounds)
     finally:

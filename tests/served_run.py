@@ -33,9 +33,11 @@ def write_plan(folder: Path, fleet_text: str, method: str, rounds: int, model: s
 class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
-    def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0):
+    def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
+                 fleet_options: tuple[str, ...] = ()):
+        """`fleet_options`: more options of `edgefl fleet up` (--enforce-memory)."""
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
-        self.train_limit = train_limit
+        self.train_limit, self.fleet_options = train_limit, fleet_options
         self.broker = Mosquitto(folder / "broker", persistence=True)
         self.devices: Optional[subprocess.Popen] = None
 
@@ -44,7 +46,7 @@ class ServedRun:
         self.devices = subprocess.Popen(
             edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
                    "--train-limit", str(self.train_limit), "--seed", str(self.seed),
-                   "--workdir", str(self.folder / "fleet")),
+                   "--workdir", str(self.folder / "fleet"), *self.fleet_options),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         return self
 

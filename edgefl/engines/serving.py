@@ -105,7 +105,8 @@ def serve(spec: Serving, say: Callable[[str], None],
         server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), spec.seed, clip_norm=spec.clip_norm,
                                      evaluated=lambda: strategy.evaluated_config(plan),
                                      shipper=ArtifactShipper(spec.state / "artifacts", backend_for),
-                                     ship=transport.ship_artifact, runtime_of=runtime_of)
+                                     ship=transport.ship_artifact, runtime_of=runtime_of,
+                                     budget_of={d: g.memory_budget_bytes for g in fleet.groups for d in g.device_ids})
         settings = LoopSettings(rounds=total, clients_per_round=spec.clients_per_round or len(everyone),
                                 seed=spec.seed, eval_every=spec.eval_every, lr=spec.lr, lr_final=spec.lr / 10,
                                 round_timeout_s=spec.round_timeout, min_reports=spec.min_reports)
@@ -113,7 +114,8 @@ def serve(spec: Serving, say: Callable[[str], None],
         view = watch(transport, group_of, total)
         coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
                                   examples=examples.__getitem__, on_round=view.round_done,
-                                  state=RunState(spec.state), online=lambda: transport.online().keys())
+                                  state=RunState(spec.state), online=lambda: transport.online().keys(),
+                                  declared=lambda d: transport.online().get(d, {}).get("memory_bytes"))
         with view:
             coordinator.run()
     finally:

@@ -113,6 +113,8 @@ def _run_section(i: int, run: Run, draw: Callable, plots) -> list[str]:
     if run.served:
         blocks += [h.heading("Devices", 3),
                    h.note("Per device, over the rounds it was sampled in: peak memory predicted by the plan vs "
-                          "the peak RSS it measured, energy with the meter it came from, payload bytes moved."),
+                          "the peak RSS it measured, energy with the meter it came from, payload bytes moved. "
+                          "Energy is measured over the training process's run, from its start to its exit in each "
+                          "round: what the device draws while the agent waits, downloads and uploads is not counted."),
                    h.records_table(device_rows(run))]
     return blocks

@@ -188,7 +188,8 @@ def device_rows(run: Run) -> list[dict]:
             "predicted peak (max)": format_bytes(max(predicted)) if predicted else "-",
             "measured peak (max)": format_bytes(max(m for _, m in pairs)) if pairs else "not measured",
             "measured / predicted (median)": f"{statistics.median([m / p for p, m in pairs]):.2f}" if pairs else "-",
-            "energy": f"{sum(e['joules'] for e in energy):.3g} J over {len(energy)} round{'s' * (len(energy) != 1)}"
+            "energy (training)": f"{sum(e['joules'] for e in energy):.3g} J over {len(energy)} round"
+                                 f"{'s' * (len(energy) != 1)}"
             if energy else "not measured",
             "energy source": ", ".join(sources) or "-",
             "upload": _traffic(metrics, "upload"), "download": _traffic(metrics, "download")})
