@@ -96,8 +96,8 @@ def _layers(config) -> str:
 
 
 def plan_tables(plan: Plan, console: Console) -> None:
-    console.print(f"[bold]{plan.method}[/] on [bold]{plan.model.label()}[/]: {plan.rounds} rounds, batch "
-                  f"{plan.batch_size}, {plan.optimizer}")
+    console.print(f"[bold]{plan.method}[/] on [bold]{plan.model.describe()}[/]: {plan.rounds} "
+                  f"round{'s' * (plan.rounds != 1)}, batch {plan.batch_size}, {plan.optimizer}")
     for name, g in plan.groups.items():
         budget = format_bytes(g.memory_budget_bytes)
         extra = "".join([f", upload {format_bytes(g.upload_budget_bytes)}" if g.upload_budget_bytes else "",

@@ -50,5 +50,5 @@ def emulate(devices: o.Devices, model: o.Model, dataset: o.Dataset, method: o.Me
     with round_display(stdout, rounds) as show:
         records = run.train(show, lambda line: stdout.print(line, markup=False, highlight=False))
     last = final_accuracy(records)
-    stdout.print(f"{method} on {run.plan.model.label()}: {rounds} rounds"
+    stdout.print(f"{method} on {run.plan.model.describe()}: {rounds} round{'s' * (rounds != 1)}"
                  + (f", final accuracy {last:.4f}" if last is not None else "") + f"; run written to {output}")

@@ -46,9 +46,12 @@ class Serving(RunOptions):
     clip_norm: Optional[float] = None
 
     def config_json(self, plan, total: int) -> dict:
+        import edgefl
+
         return {"plan": str(self.plan), "broker": self.broker, "method": plan.method, "model": plan.model.to_json(),
                 "rounds": total, "seed": self.seed, "lr": self.lr, "round_timeout_s": self.round_timeout,
-                "min_reports": self.min_reports, "dataset": self.dataset, "clip_norm": self.clip_norm}
+                "min_reports": self.min_reports, "dataset": self.dataset, "clip_norm": self.clip_norm,
+                "edgefl_version": edgefl.version()}
 
 
 def serve(spec: Serving, say: Callable[[str], None],

@@ -131,10 +131,11 @@ def settings(run: Run) -> list[tuple[str, str]]:
     kind = f"served over MQTT ({c['broker']})" if c.get("broker") else run.kind
     rows = [("run", kind), ("folder", str(run.folder)),
             ("data set", get("dataset", "none (no evaluation)" if run.served else NOT_RECORDED)),
-            ("partition", get("partition")), ("examples", _examples(run)),
+            ("partition", get("partition", "the devices' own data (a served run's server holds none of it)"
+                              if run.served else NOT_RECORDED)), ("examples", _examples(run)),
             ("clients per round", _clients_per_round(run)),
             ("rounds", f"{len(run.rounds)} completed of {c.get('rounds', plan.rounds)}"),
-            ("seed", get("seed")), ("method", plan.method), ("model", plan.model.label()),
+            ("seed", get("seed")), ("method", plan.method), ("model", plan.model.describe()),
             ("batch size", str(plan.batch_size)), ("local epochs", str(plan.local_epochs)),
             ("optimizer", plan.optimizer), ("learning rate", get("lr"))]
     extra = [("trained on", "device"), ("FedOLF TOA share", "toa"), ("measure memory", "measure_memory"),
