@@ -191,9 +191,9 @@ def coordinator_main(url: str, devices: int, rounds: int, out: Path, timeout_s: 
 class DownCounter:
     """A client of its own on everything the coordinator publishes (devices' down/ and the groups' topics):
     per round, payload bytes and messages of group artifacts (chunks and chunk manifests), artifacts sent to
-    single devices, instructions, and cleared retained messages; and the size of each group artifact (from
-    its chunk manifest). Bytes count towards the round of the next instruction: a round's artifacts go out
-    before its instructions."""
+    single devices, instructions, receipts of uploads, and cleared retained messages; and the size of each
+    group artifact (from its chunk manifest). Bytes count towards the round of the next instruction: a round's
+    artifacts go out before its instructions."""
 
     def __init__(self, url: str):
         import paho.mqtt.client as mqtt
@@ -210,7 +210,7 @@ class DownCounter:
 
     @staticmethod
     def _blank() -> dict:
-        keys = ("group_artifact", "device_artifact", "instruction", "cleared")
+        keys = ("group_artifact", "device_artifact", "instruction", "receipt", "cleared")
         return {**{f"{k}_bytes": 0 for k in keys}, **{f"{k}_messages": 0 for k in keys}, "group_sets": {}}
 
     def _message(self, client, userdata, msg) -> None:
@@ -219,8 +219,8 @@ class DownCounter:
         t, n = topics.parse(msg.topic), len(msg.payload)
         if t is None:
             return
-        kind = ("cleared" if n == 0 else "instruction" if t.kind == "instr" else
-                "group_artifact" if t.group is not None else "device_artifact")
+        kind = ("cleared" if n == 0 else "instruction" if t.kind == "instr" else "receipt" if t.kind == "receipt"
+                else "group_artifact" if t.group is not None else "device_artifact")
         with self._lock:
             self._pending[f"{kind}_bytes"] += n
             self._pending[f"{kind}_messages"] += 1

@@ -1,8 +1,11 @@
 """`python -m edgefl.broker.embedded DIR`: serve a deployment folder with amqtt, for demos on one machine.
 
 It reads the listener, the TLS files, the password file and the ACL from DIR's mosquitto.conf, and
-enforces the logins and the ACL with the same rules as mosquitto (plugins below); what it cannot do
-(packet size limit, persistence, MQTT 5) is why `edgefl broker up` prefers mosquitto.
+enforces the logins and the ACL with the same rules as mosquitto (plugins below); a client's id must be its
+login (mosquitto replaces it with the login; this one refuses another). What it cannot do (packet size
+limit, persistence, MQTT 5; and amqtt 0.12.1 ends a connected session whose id another client names before
+it checks that client's login: refused, it still knocks the session's owner off once) is why `edgefl broker
+up` prefers mosquitto.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class PasswordFileAuth(BaseAuthPlugin):
     class Config:
         password_file: str = ""
         allow_anonymous: bool = False
+        bind_client_id: bool = False
 
     def __init__(self, context) -> None:
         super().__init__(context)
@@ -42,6 +46,8 @@ class PasswordFileAuth(BaseAuthPlugin):
         if not session.username:
             return self.config.allow_anonymous
         hashed = self._hashes.get(session.username)
+        if self.config.bind_client_id and session.client_id != session.username:
+            return False      # mosquitto's use_username_as_clientid: no login takes over another's session
         return hashed is not None and verify_password(session.password or "", hashed)
 
 
@@ -86,13 +92,15 @@ def amqtt_config(folder: Path) -> dict:
     if "certfile" in conf:
         listener.update(ssl=True, certfile=str(folder / one("certfile")), keyfile=str(folder / one("keyfile")))
     anonymous = conf.get("allow_anonymous", ["false"])[-1] == "true"
+    bind = conf.get("use_username_as_clientid", ["false"])[-1] == "true"
     passwords, acl = folder / one("password_file"), folder / one("acl_file")
     for file in (passwords, acl):
         if not file.is_file():
             raise ConfigError(f"{file}: missing; regenerate the deployment with 'edgefl broker config'")
     parse_acl(acl.read_text(), str(acl))   # a bad ACL fails here in one line, not inside amqtt's plugin loader
     return {"listeners": {"default": listener}, "plugins": {
-        f"{__name__}.PasswordFileAuth": {"password_file": str(passwords), "allow_anonymous": anonymous},
+        f"{__name__}.PasswordFileAuth": {"password_file": str(passwords), "allow_anonymous": anonymous,
+                                         "bind_client_id": bind},
         f"{__name__}.AclTopics": {"acl_file": str(acl)}}}
 
 

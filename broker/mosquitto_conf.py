@@ -81,6 +81,8 @@ def render_conf(listener: ListenerSettings, limit: PacketLimit, devices: int, us
         "allow_anonymous false",
         f"password_file {PASSWORD_FILE}",
         f"acl_file {ACL_FILE}",
+        "# a client's id is its login: another login cannot take over a device's (or the coordinator's) session",
+        "use_username_as_clientid true",
         "",
         f"# {limit.why}; larger packets get the sender disconnected",
         f"max_packet_size {limit.bytes}",

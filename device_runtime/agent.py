@@ -18,7 +18,12 @@ For every instruction:
      peak RSS, wall time, energy with its source; the link adds the bytes it moved down and up.
 
 A failure of one round (an artifact that fails verification, a crashed or killed training process) is
-reported as a failed round with its reason; the agent keeps serving.
+reported as a failed round with its reason; the agent keeps serving. Work of a round the coordinator has
+moved past (a newer instruction came, or the round closed) is dropped, unreported: nobody would take it. An
+instruction this device has answered already (a restarted coordinator sent it again before the answer's
+receipt) is answered with that answer again, not trained twice. After each round the artifact cache is cut to
+its budget, keeping the set just trained; its size goes into the report. On `stop` (SIGTERM) a fetch ends at
+once and a training process is killed: the agent exits within seconds.
 """
 from __future__ import annotations
 
@@ -32,13 +37,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from edgefl.device_runtime.child import run_child, run_process
+from edgefl.device_runtime.fetch import FetchEnded
 from edgefl.device_runtime.local_data import ModelInput, check_labels, check_layout, open_local_data
 from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.manifest import ArtifactSet, unflatten
 from edgefl.messages import DeviceReport, ReportStatus
-from edgefl.protocol.envelopes import Unreadable
+from edgefl.protocol.envelopes import Assignment, Unreadable
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
 
@@ -62,6 +68,7 @@ class DeviceAgent:
         self.fetch_timeout_s, self.train_timeout_s, self.log = fetch_timeout_s, train_timeout_s, log
         self.native = choose(runtime, trainer)
         self.rounds_done = 0
+        self.stop = threading.Event()
 
     def profile(self, extra: Optional[dict] = None) -> dict:
         """What the device announces: the coordinator's view of who is online with what."""
@@ -77,11 +84,22 @@ class DeviceAgent:
                 "runtimes": info["runtimes"], "trainer": "native" if self.native else "python", **(extra or {})}
 
     def serve(self, stop: threading.Event, max_rounds: Optional[int] = None, poll_s: float = 1.0) -> None:
+        self.stop = stop
         while not stop.is_set() and (max_rounds is None or self.rounds_done < max_rounds):
             assignment = self.link.next_instruction(timeout_s=poll_s)
             if assignment is None:
                 continue
-            report, order = self.handle(assignment)
+            if isinstance(assignment, Assignment) and self.link.answered(assignment.instruction):
+                continue
+            handled = self.handle(assignment)
+            if stop.is_set():
+                break                  # stopping: a round cut short says nothing worth sending
+            round = assignment.instruction.round if isinstance(assignment, Assignment) else assignment.round
+            late = self.link.superseded(round)
+            if handled is None or late:     # the round ended while this device fetched or trained: nobody takes it
+                self.log(f"round {round}: dropped: {late or 'its fetch ended'}")
+                continue
+            report, order = handled
             self.link.report(report, order)
             self.rounds_done += 1
             self.log(f"round {report.round}: {report.status}"
@@ -105,7 +123,8 @@ class DeviceAgent:
         check_layout(x, y, model)
         check_labels(y, model.classes)
 
-    def handle(self, assignment) -> tuple[DeviceReport, Optional[tuple]]:
+    def handle(self, assignment) -> Optional[tuple[DeviceReport, Optional[tuple]]]:
+        """(the report, the order of its tensors), or None: the round is over before this device could answer."""
         if isinstance(assignment, Unreadable):
             return DeviceReport(round=assignment.round, device_id=self.device_id, config_hash=assignment.config_hash,
                                 status="failed", reason=f"refused: {assignment.reason}"), None
@@ -123,6 +142,8 @@ class DeviceAgent:
         try:
             folder = self.link.fetch_artifact(assignment.artifacts[SET_ROLE], self.fetch_timeout_s)
             artifacts = ArtifactSet.open(folder)
+        except FetchEnded:
+            return None
         except EdgeflError as exc:
             report.reason = f"artifact: {exc}"
             return report, None
@@ -135,6 +156,8 @@ class DeviceAgent:
         except EdgeflError as exc:
             report.reason = f"data: {exc}"
             return report, None
+        if self.link.superseded(ins.round):
+            return None
         with tempfile.TemporaryDirectory(prefix="edgefl-round-") as tmp:
             out = Path(tmp) / "upload.npy"
             meter = self.meter() if self.meter else None
@@ -146,12 +169,13 @@ class DeviceAgent:
                     argv = trainer_argv(self.native, folder, self.data, out, lr=ins.lr, seed=ins.seed,
                                         epochs=ins.config.local_epochs, threads=self.threads,
                                         max_examples=ins.option("max_examples"))
-                    child = run_process(argv, self.threads, self.train_timeout_s, cap)
+                    child = run_process(argv, self.threads, self.train_timeout_s, cap, stop=self.stop)
                 else:
                     spec = {"artifacts": str(folder), "data": str(self.data), "lr": ins.lr, "seed": ins.seed,
                             "epochs": ins.config.local_epochs, "threads": self.threads, "runtime": self.runtime,
                             "out": str(out), "max_examples": ins.option("max_examples")}
-                    child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap)
+                    child = run_child("edgefl.device_runtime.worker", spec, self.threads, self.train_timeout_s, cap,
+                                      stop=self.stop)
                 if child.returncode != 0 and cap is not None and (cap.oom_killed() or child.returncode == -9):
                     child.error = f"out of memory: the training process was killed at its cap {cap.describe()}"
             finally:
@@ -160,8 +184,10 @@ class DeviceAgent:
             energy = meter.stop() if meter else None
             report.wall_s = time.perf_counter() - t0
             report.peak_rss_bytes = (child.result or {}).get("peak_rss_bytes") or child.max_rss_bytes
+            # the cache keeps the set just trained and what its budget allows of the rest
             report.metrics = {"max_rss_bytes": child.max_rss_bytes, "runtime": self.runtime,
-                              "memory_budget": {"bytes": memory, "source": source, "enforced": cap is not None}}
+                              "memory_budget": {"bytes": memory, "source": source, "enforced": cap is not None},
+                              "cache_bytes": self.link.cache.trim(keep=folder)}
             if energy is not None:
                 report.metrics["energy"] = energy.to_json()
             if child.returncode != 0:

@@ -1,12 +1,19 @@
 """The device's artifact cache, addressed by sha256: `<dir>/<sha>` is a complete file whose bytes hash
 to its name (checked again every time it is used); `<dir>/partial/<sha>` is one being fetched, with
 `<sha>.manifest` (its chunk manifest) and `<sha>.held` (one line per chunk written), so a fetch cut off by
-a crash or a lost connection resumes with the chunks it already has."""
+a crash or a lost connection resumes with the chunks it already has; `<dir>/artifacts/<id>/` is an artifact
+set as a trainer opens it (hard links into the cache).
+
+The cache is bounded: `trim(keep)` (after each round) removes the other sets' folders, partial fetches not
+touched for `partial_ttl_s`, and then the files used least recently until what is left beside the set just
+trained fits `budget_bytes` (a set's frozen prefix, the same every round, is the file worth keeping)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -16,9 +23,15 @@ from edgefl.protocol.chunks import ChunkManifest
 from edgefl.topics import is_sha256
 
 
+BUDGET_BYTES = 128 * 2**20       # what the cache may hold beyond the current round's set, by default
+PARTIAL_TTL_S = 3600.0           # a partial fetch not touched this long is given up
+
+
 class ArtifactCache:
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, budget_bytes: Optional[int] = None, partial_ttl_s: float = PARTIAL_TTL_S):
         self.folder = Path(folder)
+        self.budget_bytes = BUDGET_BYTES if budget_bytes is None else budget_bytes
+        self.partial_ttl_s = partial_ttl_s
         (self.folder / "partial").mkdir(parents=True, exist_ok=True)
 
     def path(self, artifact: str) -> Path:
@@ -34,6 +47,7 @@ class ArtifactCache:
         if sha256_file(path) != artifact:
             path.unlink()
             return None
+        os.utime(path)            # its last use, for trim
         return path
 
     def put(self, data: bytes) -> Path:
@@ -45,6 +59,38 @@ class ArtifactCache:
 
     def partial(self, artifact: str) -> "PartialArtifact":
         return PartialArtifact(self, self.path(artifact).name)
+
+    def size(self) -> int:
+        """Bytes the cache holds on disk (a file linked from a set's folder counted once)."""
+        seen: dict[tuple[int, int], int] = {}
+        for path in self.folder.rglob("*"):
+            if path.is_file():
+                st = path.stat()
+                seen[(st.st_dev, st.st_ino)] = st.st_size
+        return sum(seen.values())
+
+    def trim(self, keep: Optional[Path] = None) -> int:
+        """Cut the cache to its budget, keeping the set folder `keep` and the files it links; its size after."""
+        kept: set[tuple[int, int]] = set()
+        if keep is not None:
+            kept = {(st.st_dev, st.st_ino) for p in Path(keep).rglob("*") if p.is_file() for st in [p.stat()]}
+        sets = self.folder / "artifacts"
+        for folder in (sets.iterdir() if sets.is_dir() else ()):
+            if keep is None or folder.resolve() != Path(keep).resolve():
+                shutil.rmtree(folder, ignore_errors=True)
+        now = time.time()
+        for path in (self.folder / "partial").iterdir():
+            if now - path.stat().st_mtime > self.partial_ttl_s:
+                path.unlink(missing_ok=True)
+        files = [(p.stat(), p) for p in self.folder.iterdir() if p.is_file()]
+        free = sorted((st.st_mtime, st.st_size, p) for st, p in files if (st.st_dev, st.st_ino) not in kept)
+        held = sum(size for _, size, _ in free)
+        for _, size, path in free:            # least recently used first
+            if held <= self.budget_bytes:
+                break
+            path.unlink(missing_ok=True)
+            held -= size
+        return self.size()
 
 
 class PartialArtifact:

@@ -67,15 +67,15 @@ def _die_with_parent() -> Optional[Callable[[], None]]:
 
 
 def run_child(module: str, spec: dict, threads: int = 1, timeout_s: Optional[float] = None,
-              cap: Optional[MemoryCap] = None) -> ChildResult:
+              cap: Optional[MemoryCap] = None, stop: Optional[threading.Event] = None) -> ChildResult:
     """`python -m module '<spec json>'` in a fresh process (inside `cap` when given)."""
-    return run_process([sys.executable, "-m", module, json.dumps(spec)], threads, timeout_s, cap)
+    return run_process([sys.executable, "-m", module, json.dumps(spec)], threads, timeout_s, cap, stop)
 
 
 def run_process(argv: list[str], threads: int = 1, timeout_s: Optional[float] = None,
-                cap: Optional[MemoryCap] = None) -> ChildResult:
+                cap: Optional[MemoryCap] = None, stop: Optional[threading.Event] = None) -> ChildResult:
     """`argv` in a fresh process that prints its result as the last stdout line (a Python child, or the
-    native trainer)."""
+    native trainer); killed at `timeout_s`, or as soon as `stop` is set (the agent is stopping)."""
     proc = subprocess.Popen(cap.wrap(argv) if cap is not None else argv, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=child_env(threads),
                             preexec_fn=_die_with_parent())
@@ -87,11 +87,22 @@ def run_process(argv: list[str], threads: int = 1, timeout_s: Optional[float] = 
     timer = threading.Timer(timeout_s, proc.kill) if timeout_s else None
     if timer:
         timer.start()
+    if stop is not None:
+        done = threading.Event()
+
+        def kill_on_stop() -> None:
+            while not done.is_set():
+                if stop.wait(0.2):
+                    proc.kill()
+                    return
+        threading.Thread(target=kill_on_stop, daemon=True).start()
     # wait4, not Popen.wait: the kernel's peak RSS of this very child comes with its exit status
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if timer:
         timer.cancel()
+    if stop is not None:
+        done.set()
     for t in readers:
         t.join()
     out, err = streams.get("out", ""), streams.get("err", "")

@@ -6,34 +6,21 @@
     prefix = link.fetch(job.artifacts["prefix"])             # a verified file from the sha256 cache
     link.report(report)                                      # tensors as one flat float32 buffer, chunked
 
-A complete `fetch_artifact` says so on `up/metrics` (`{"state": "training"}`): from then on the device
-trains, which the coordinator's live view shows. A file fetched from the group's topics, which nothing
-acknowledges, is told there too (`{"state": "downloading", "bytes": n}`).
-
-`fetch` asks the coordinator for what the cache lacks (the chunks a previous, interrupted fetch did not
-get), checks every chunk's sha256 as it lands, acknowledges it (the coordinator keeps a window of
-chunks in flight), ignores duplicates, reports bad chunks so they are sent again, and checks the whole
-file's sha256 at the end. When nothing arrives for `stall_s` it asks again without a resend (chunks may
-just be slow on a thin link: QoS 1 and the session keep them coming); after `resend_after_s` of silence,
-or when the connection comes back, it asks for everything missing to be sent again.
-An artifact the instruction names as its group's (`Assignment.shared`: the coordinator published it once
-for the whole group) is read from the group's retained topics instead: the chunk manifest, then every
-chunk, each checked as above and none acknowledged (nothing travels per device); what they do not bring
-within `group_wait_s` of silence (a broker that lost them, an ACL without the group) is asked of the
-coordinator as above.
+Artifacts come through `edgefl.device_runtime.fetch` (the cache, the coordinator, the group's topics). A
+report is an upload named by this device and kept in its `outbox` until the coordinator's receipt: sent again
+when the connection comes back and when no receipt comes in time (`edgefl.device_runtime.outbox`). The
+coordinator announces the round in progress (`broadcast/round`); work of a round that is over (a newer
+round began, or it closed) is dropped: a fetch for it ends at once (`FetchEnded`), `superseded` tells the
+agent, and its uploads are forgotten. `stop` ends whatever waits (SIGTERM: the agent exits promptly).
 Bytes are counted as they arrive: a report carries what its round downloaded (payload and MQTT framing).
 One thread uses a link at a time; messages are received on the wire's thread.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import queue
-import shutil
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -41,51 +28,47 @@ import numpy as np
 
 from edgefl import topics
 from edgefl.device_runtime.cache import ArtifactCache
+from edgefl.device_runtime.fetch import Fetcher, FetchStats
+from edgefl.device_runtime.outbox import Outbox, Upload
 from edgefl.errors import ArtifactError, ReportRejected, TransportError
-from edgefl.manifest import MANIFEST, PREFIX_DIR, Manifest, TensorEntry
-from edgefl.messages import DeviceReport
+from edgefl.manifest import TensorEntry
+from edgefl.messages import DeviceReport, RoundInstruction
 from edgefl.protocol import envelopes
-from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW, ChunkManifest
+from edgefl.protocol.chunks import CHUNK_SIZE
 from edgefl.protocol.envelopes import Assignment, Unreadable
 from edgefl.protocol.tensors import pack, unpack
 from edgefl.protocol.wire import Traffic, Wire, log
 
-_CLOSED, _RECONNECTED = "closed", "reconnected"
-
-
-@dataclass
-class FetchStats:
-    chunks_accepted: int = 0
-    duplicate_chunks: int = 0      # already held: ignored
-    corrupt_chunks: int = 0        # sha256 mismatch: asked for again
-    stale_chunks: int = 0          # arrived while no fetch wanted them (e.g. redelivered after a restart)
-    wants: int = 0                 # requests sent (first ask, stalls, reconnects, whole-file mismatches)
-    resend_wants: int = 0          # of which asked to send again what was in flight
+_CLOSED, _STOP = "closed", "stop"
 
 
 class DeviceLink:
     def __init__(self, wire: Wire, device_id: str, cache_dir: str | Path, *, stall_s: float = 5.0,
-                 resend_after_s: float = 60.0, group_wait_s: Optional[float] = None):
-        """`group_wait_s`: how long a fetch from the group's topics waits on silence before it asks the
-        coordinator (default 3 x `stall_s`: a crowded broker answers a subscription slowly)."""
+                 resend_after_s: float = 60.0, group_wait_s: Optional[float] = None, receipt_s: float = 30.0,
+                 cache_budget_bytes: Optional[int] = None):
+        """`stall_s`, `resend_after_s`, `group_wait_s`: a fetch's patience (edgefl.device_runtime.fetch);
+        `receipt_s`: how long an upload waits for its receipt before it is sent again (doubling after);
+        `cache_budget_bytes`: what the artifact cache may hold beyond the current round's set."""
         self.device_id = topics.check_device_id(device_id)
-        self.wire, self.cache = wire, ArtifactCache(cache_dir)
-        self.stall_s, self.resend_after_s = stall_s, resend_after_s
-        self.group_wait_s = 3 * stall_s if group_wait_s is None else group_wait_s
-        self.stats = FetchStats()
-        self.broadcast: Optional[dict] = None
+        self.wire, self.cache = wire, ArtifactCache(cache_dir, cache_budget_bytes)
+        self.fetcher = Fetcher(wire, self.device_id, self.cache, self._why_stop, stall_s=stall_s,
+                               resend_after_s=resend_after_s, group_wait_s=group_wait_s)
+        self.outbox = Outbox(self.device_id, self._send, receipt_s=receipt_s)
+        self.round: Optional[tuple[int, bool]] = None        # the coordinator's last word: (round, open)
         self._assignments: queue.Queue = queue.Queue()
         self._marks: dict[int, Traffic] = {}          # round -> bytes received before its instruction
-        self._lock = threading.Lock()
-        self._fetching: Optional[str] = None
-        self._shared: dict[str, str] = {}             # artifact -> its group: the current instruction's
-        self._silent: set[str] = set()                # groups whose topics held nothing for this instruction
-        self._inbox: queue.Queue = queue.Queue()
+        self._working = 0                             # the round of the instruction being worked on
+        self._newest = 0                              # the newest round begun: its notice or instruction
         self._profile: Optional[dict] = None
-        self._closed = False
+        self._closed = self._stopping = False
+        self._lock = threading.Lock()
         wire.on_message(self._on_message)
         wire.on_reconnect(self._on_reconnect)
         wire.subscribe(topics.device_filters(device_id))
+
+    @property
+    def stats(self) -> FetchStats:
+        return self.fetcher.stats
 
     # ------------------------------------------------------------------------------ presence
     def announce(self, profile: Mapping[str, Any]) -> None:
@@ -97,20 +80,50 @@ class DeviceLink:
     def _on_reconnect(self) -> None:
         if self._profile is not None:   # the will marked this device offline meanwhile
             self.announce(self._profile)
-        self._inbox.put((_RECONNECTED, None, None, None))
+        self.outbox.resend(due_only=False)  # a restarted broker may have lost them
+        self.fetcher.wake(reconnected=True)
 
     # ---------------------------------------------------------------------------- instructions
-    def next_instruction(self, timeout_s: Optional[float] = None) -> Optional[Assignment]:
-        """The next instruction (in arrival order), or None if none comes within `timeout_s`."""
+    def next_instruction(self, timeout_s: Optional[float] = None) -> Optional[Assignment | Unreadable]:
+        """The next instruction (in arrival order), or None if none comes within `timeout_s` (or the link
+        stops). Uploads waiting past their time for a receipt are sent again first."""
         self._check_open()
+        self.outbox.resend()
         try:
             item = self._assignments.get(timeout=timeout_s)
         except queue.Empty:
             return None
         if item == _CLOSED:
             raise TransportError(f"{self.device_id}: the link was closed")
-        self._shared, self._silent = dict(getattr(item, "shared", {})), set()
+        if item == _STOP:
+            return None
+        if isinstance(item, Assignment):
+            self._working = item.instruction.round
+            self.fetcher.assign(item.shared)
         return item
+
+    def superseded(self, round: Optional[int] = None) -> Optional[str]:
+        """Why work on `round` (default: the current instruction's) is over, or None while it is not (or no
+        instruction is being worked on)."""
+        round = self._working if round is None else round
+        if not round:
+            return None
+        if self._newest > round:
+            return f"round {self._newest} began; round {round} is over"
+        if self.round is not None and (self.round[0] > round or (self.round[0] == round and not self.round[1])):
+            return f"the coordinator closed round {round}"
+        return None
+
+    def answered(self, instruction: RoundInstruction) -> bool:
+        """Whether this device answered `instruction` already (the coordinator, restarted, sent it again before
+        the answer's receipt): then that answer goes again instead of a second training."""
+        upload = self.outbox.for_round(instruction.round, instruction.config_hash)
+        if upload is None:
+            return False
+        log.info("%s: round %d was answered already (upload %s): sending the answer again", self.device_id,
+                 instruction.round, upload.name)
+        self._send(upload.messages)
+        return True
 
     def weights(self, assignment: Assignment, timeout_s: Optional[float] = None) -> dict[str, np.ndarray]:
         """The tensors the instruction starts from, by global name, each in its own dtype."""
@@ -127,203 +140,66 @@ class DeviceLink:
         except ReportRejected as exc:
             raise ArtifactError(f"weights of round {assignment.instruction.round}: {exc}") from None
 
-    # ------------------------------------------------------------------------------ artifacts
     def fetch(self, artifact: str, timeout_s: Optional[float] = None,
               progress: Optional[Callable[[int, int], None]] = None) -> Path:
-        """The verified file of `artifact` (its sha256), from the cache or fetched (and resumed) from the
-        coordinator, or from its group's topics where the current instruction says so. `progress(chunks
-        held, chunk count)` is called after each new chunk."""
+        """The verified file of `artifact` (edgefl.device_runtime.fetch.Fetcher.fetch)."""
         self._check_open()
-        if (path := self.cache.get(artifact)) is not None:
-            return path
-        if artifact == hashlib.sha256(b"").hexdigest():
-            return self.cache.put(b"")
-        part = self.cache.partial(artifact)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        group = self._shared.get(artifact)
-        group = None if group in self._silent else group
-        subscribed: list[str] = []
-        early: dict[int, bytes] = {}     # a group's chunks that came before its manifest (a window's worth)
-        with self._lock:
-            self._fetching, self._inbox = artifact, queue.Queue()
-        try:
-            if group is not None:    # one SUBSCRIBE: the broker sends the manifest's retained message first
-                subscribed = ([topics.group_manifest(group, artifact)] if part.manifest is None else []) + \
-                    [topics.group_chunks(group, artifact)]
-                self._subscribe(subscribed)
-            else:
-                self._want(part, resend=True)
-            heard, dropped = time.monotonic(), False
-            while True:
-                if part.complete:
-                    size = part.manifest.size
-                    if (path := part.finish()) is not None:
-                        if artifact in self._shared:    # no acknowledgements told the coordinator: say it here
-                            self.wire.publish(topics.metrics(self.device_id), envelopes.dumps(
-                                {"state": "downloading", "artifact": artifact, "bytes": size}))
-                        return path
-                    group = None     # chunks that did not add up: the coordinator sends them again
-                    self._want(part, resend=True)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    held = f"{len(part.held)}/{part.manifest.count} chunks" if part.manifest else "no manifest"
-                    raise TransportError(f"{self.device_id}: artifact {artifact[:12]} not complete after "
-                                         f"{timeout_s:g} s ({held}); is the coordinator running? A later fetch resumes")
-                wait = self.group_wait_s if group is not None else self.stall_s
-                try:
-                    kind, seq, data, via = self._inbox.get(timeout=wait if remaining is None else min(wait, remaining))
-                except queue.Empty:
-                    if group is not None:      # the group's topics brought what they hold: ask for the rest
-                        self._group_gave_out(group, part)
-                        group, heard, dropped = None, time.monotonic(), False
-                        continue
-                    lost = dropped or time.monotonic() - heard >= self.resend_after_s
-                    self._want(part, resend=lost)
-                    heard, dropped = (time.monotonic(), False) if lost else (heard, dropped)
-                    continue
-                heard = time.monotonic()
-                if kind == _CLOSED or self._closed:
-                    raise TransportError(f"{self.device_id}: the link was closed while fetching {artifact[:12]}; "
-                                         "a later fetch resumes")
-                if kind == _RECONNECTED:
-                    if group is None:          # a group's renewed subscription brings its retained messages again
-                        self._want(part, resend=True)
-                elif via is not None and not data:
-                    continue                   # a group's message cleared (an old round's)
-                elif kind == "manifest" and via is not None:
-                    if not self._on_group_manifest(part, data) and group is not None:
-                        self._group_gave_out(group, part)
-                        group = None
-                elif kind == "manifest":
-                    self._on_manifest(part, data)
-                elif part.manifest is None:         # a chunk before its manifest: the next ask resends it
-                    if via is not None and len(early) < WINDOW:
-                        early[seq] = data
-                    else:
-                        dropped = True
-                else:
-                    self._on_chunk(part, seq, data, progress, acknowledge=via is None)
-                if early and part.manifest is not None:
-                    for seq, data in sorted(early.items()):
-                        self._on_chunk(part, seq, data, progress, acknowledge=False)
-                    early.clear()
-        finally:
-            with self._lock:
-                self._fetching = None
-            if subscribed and not self._closed:
-                self.wire.unsubscribe(subscribed)
-
-    def _subscribe(self, filters: list[str]) -> None:
-        """Subscribe to a group's topics; a broker slow to confirm it (a crowded one) is not a failure: what
-        comes, comes, and what does not is asked of the coordinator after `group_wait_s`."""
-        try:
-            self.wire.subscribe(filters)
-        except TransportError as exc:
-            log.info("%s: %s; going on", self.device_id, exc)
-
-    def _group_gave_out(self, group: str, part) -> None:
-        """The group's topics brought all they will: the coordinator sends the rest (all of it, when they held
-        not even the manifest: then the rest of this instruction's files are asked of it directly)."""
-        if part.manifest is None:
-            self._silent.add(group)
-            log.warning("%s: group %s's topics hold no artifact %s (may this login read fl/v1/group/%s/?); "
-                        "asking the coordinator", self.device_id, group, part.id[:12], group)
-        self._want(part, resend=True)
-
-    def _on_group_manifest(self, part, payload: bytes) -> bool:
-        try:
-            manifest = ChunkManifest.from_json(envelopes.loads(payload, f"artifact {part.id[:12]}: manifest"), part.id)
-        except (ArtifactError, TransportError) as exc:
-            log.warning("%s: %s", self.device_id, exc)
-            return False
-        if part.manifest != manifest:
-            part.start(manifest)
-        return True
+        return self.fetcher.fetch(artifact, timeout_s, progress)
 
     def fetch_artifact(self, artifact: str, timeout_s: Optional[float] = None, into: Optional[Path] = None) -> Path:
-        """An exported artifact folder from its manifest's id (`WireTransport.ship_artifact`): the manifest,
-        every file it names (each fetched by its sha256, so only what the cache lacks travels) and, for a
-        suffix, its prefix in `prefix/`: a folder `edgefl.manifest.ArtifactSet.open` reads. `timeout_s` is
-        per file."""
-        folder = into or self.cache.folder / "artifacts" / artifact
-        source = self.fetch(artifact, timeout_s)
-        try:
-            manifest = Manifest.from_json(json.loads(source.read_bytes()), f"artifact {artifact[:12]}")
-        except ValueError:
-            raise ArtifactError(f"artifact {artifact[:12]}: not a manifest.json") from None
-        for f in manifest.files:
-            if Path(f.name).is_absolute() or ".." in Path(f.name).parts:
-                raise ArtifactError(f"artifact {artifact[:12]}: file name {f.name!r} leaves the artifact folder")
-            _place(self.fetch(f.sha256, timeout_s), folder / f.name)
-        if manifest.prefix_id is not None:
-            self.fetch_artifact(manifest.prefix_id, timeout_s, folder / PREFIX_DIR)
-        _place(source, folder / MANIFEST)
-        if into is None:     # the whole set is here: the coordinator's live view shows this device training
-            self.wire.publish(topics.metrics(self.device_id), envelopes.dumps({"state": "training",
-                                                                                "artifact": artifact}))
-        return folder
+        """An exported artifact folder from its manifest's id (edgefl.device_runtime.fetch.Fetcher.fetch_artifact)."""
+        self._check_open()
+        return self.fetcher.fetch_artifact(artifact, timeout_s, into)
 
-    def _want(self, part, resend: bool) -> None:
-        self.stats.wants += 1
-        self.stats.resend_wants += resend
-        known = part.manifest is not None
-        self.wire.publish(topics.ack(self.device_id), envelopes.want(
-            part.id, part.manifest.chunk_size if known else None, part.missing() if known else None, resend))
-
-    def _on_manifest(self, part, payload: bytes) -> None:
-        d = envelopes.loads(payload, f"artifact {part.id[:12]}: manifest")
-        if d.get("restart"):
-            part.discard()
-            self._want(part, resend=True)
-            return
-        if "error" in d:
-            raise ArtifactError(f"{self.device_id}: the coordinator refused artifact {part.id[:12]}: {d['error']}")
-        manifest = ChunkManifest.from_json(d, part.id)
-        if part.manifest != manifest:
-            part.start(manifest)
-
-    def _on_chunk(self, part, seq: int, data: bytes, progress, acknowledge: bool = True) -> None:
-        """`acknowledge`: a chunk the coordinator sent this device (a group's retained chunks are not)."""
-        verdict = part.accept(seq, data)
-        if verdict == "bad":
-            self.stats.corrupt_chunks += 1
-            if acknowledge:
-                self.wire.publish(topics.ack(self.device_id), envelopes.bad(part.id, seq))
-            return
-        if verdict == "dup":
-            self.stats.duplicate_chunks += 1
-        else:
-            self.stats.chunks_accepted += 1
-        if acknowledge:
-            self.wire.publish(topics.ack(self.device_id), envelopes.got(part.id, seq))
-        if verdict == "ok" and progress is not None:
-            progress(len(part.held), part.manifest.count)
+    def _why_stop(self) -> Optional[str]:
+        if self._closed:
+            return "the link was closed"
+        if self._stopping:
+            return "the device is stopping"
+        return self.superseded()
 
     # --------------------------------------------------------------------------------- report
     def report(self, report: DeviceReport, order: Optional[Sequence[TensorEntry]] = None,
                timeout_s: float = 60.0) -> Traffic:
-        """Upload a report: its tensors as one flat float32 buffer in `order` (the suffix manifest's
-        trainable order; the mapping's order when None), in chunks, then the meta message. Returns once
-        the broker has acknowledged all of it, with what was sent."""
+        """Upload a report under a name of its own: its tensors as one flat float32 buffer in `order` (the
+        suffix manifest's trainable order; the mapping's order when None), in chunks, then the meta message.
+        It stays in the outbox until the coordinator's receipt. Returns once the broker has acknowledged all
+        of it, with what was sent."""
         self._check_open()
+        report.upload = report.upload or os.urandom(8).hex()
         buffer, order = pack(report.tensors, order)
         size = min(CHUNK_SIZE, self.wire.max_packet_size - 1024)
         mark = self._marks.pop(report.round, None)
         download = self.wire.received.since(mark) if mark is not None else Traffic()
         meta = envelopes.upload_meta(report, order, len(buffer), hashlib.sha256(buffer).hexdigest(),
                                      -(-len(buffer) // size), download.to_json())
-        meta_topic = topics.result_meta(self.device_id, report.round)
+        meta_topic = topics.result_meta(self.device_id, report.round, report.upload)
         self.wire.check(meta_topic, len(meta))       # refuse before any part of it is out
+        messages = [(topics.result_chunk(self.device_id, report.round, report.upload, seq), buffer[start:start + size])
+                    for seq, start in enumerate(range(0, len(buffer), size))] + [(meta_topic, meta)]
         before = self.wire.sent.copy()
-        for seq, start in enumerate(range(0, len(buffer), size)):
-            self.wire.publish(topics.result_chunk(self.device_id, report.round, seq), buffer[start:start + size])
-        self.wire.publish(meta_topic, meta)
+        self.outbox.post(Upload(report.round, report.upload, report.config_hash, messages, status=str(report.status)))
         if not self.wire.flush(timeout_s):
             raise TransportError(f"{self.device_id}: the broker did not acknowledge the round-{report.round} report "
-                                 f"within {timeout_s:g} s")
+                                 f"within {timeout_s:g} s; it is sent again when the connection is back")
         return self.wire.sent.since(before)
 
+    def _send(self, messages: list[tuple[str, bytes]]) -> None:
+        if not self.wire.connected:
+            return            # sent again when the connection is back (the outbox keeps it)
+        try:
+            for topic, payload in messages:
+                self.wire.publish(topic, payload)
+        except TransportError as exc:
+            log.warning("%s: %s; sent again later", self.device_id, exc)
+
     # ----------------------------------------------------------------------------- lifecycle
+    def stop(self) -> None:
+        """End what waits (an instruction, a fetch) at once; the link stays open for a clean close."""
+        self._stopping = True
+        self._assignments.put(_STOP)
+        self.fetcher.wake()
+
     def close(self) -> None:
         """Say offline (if announced) and disconnect cleanly; the session stays for the next connection."""
         if self._closed:
@@ -341,7 +217,7 @@ class DeviceLink:
         self._closed = True
         how()
         self._assignments.put(_CLOSED)
-        self._inbox.put((_CLOSED, None, None, None))
+        self.fetcher.wake()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -353,42 +229,44 @@ class DeviceLink:
         if t is None:
             return
         if t.kind == "instr":
-            try:
-                assignment = Assignment.loads(payload)
-            except TransportError as exc:
-                log.warning("%s: refused an instruction: %s", self.device_id, exc)
-                if (refusal := Unreadable.of(payload, str(exc))) is not None:
-                    self._assignments.put(refusal)   # the agent answers it with a failed report and the reason
-                return
-            if assignment.instruction.device_id != self.device_id:
-                log.warning("%s: dropped an instruction addressed to %s", self.device_id,
-                            assignment.instruction.device_id)
-                return
-            before = self.wire.received.since(Traffic(1, len(payload), wire_bytes))
-            self._marks[assignment.instruction.round] = before
-            self._assignments.put(assignment)
+            self._on_instruction(payload, wire_bytes)
         elif t.kind in ("manifest", "chunk"):
-            with self._lock:
-                wanted = self._fetching == t.sha
-                if wanted:
-                    self._inbox.put((t.kind, t.seq, payload, t.group))
-            if not wanted:
-                self.stats.stale_chunks += t.kind == "chunk"
-        elif t.kind == "broadcast":
+            self.fetcher.deliver(t.kind, t.sha, t.seq, payload, t.group)
+        elif t.kind == "receipt":
             try:
-                self.broadcast = envelopes.loads(payload, "broadcast")
-            except TransportError:
-                pass
+                d = envelopes.loads(payload, "receipt")
+                self.outbox.receipt(str(d["upload"]), bool(d.get("taken")), str(d.get("reason", "")))
+            except (TransportError, KeyError):
+                log.warning("%s: an unreadable receipt: %r", self.device_id, payload[:200])
+        elif topic == topics.BROADCAST_ROUND and payload:
+            self._on_round(payload)
 
-
-def _place(cached: Path, dest: Path) -> None:
-    """Put a cached file at `dest`: a hard link (no copy; a change to it shows in the cache's hash check)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists():
-        if dest.samefile(cached):
+    def _on_instruction(self, payload: bytes, wire_bytes: int) -> None:
+        try:
+            assignment = Assignment.loads(payload)
+        except TransportError as exc:
+            log.warning("%s: refused an instruction: %s", self.device_id, exc)
+            if (refusal := Unreadable.of(payload, str(exc))) is not None:
+                self._assignments.put(refusal)   # the agent answers it with a failed report and the reason
             return
-        dest.unlink()
-    try:
-        os.link(cached, dest)
-    except OSError:
-        shutil.copyfile(cached, dest)
+        ins = assignment.instruction
+        if ins.device_id != self.device_id:
+            log.warning("%s: dropped an instruction addressed to %s", self.device_id, ins.device_id)
+            return
+        self._marks[ins.round] = self.wire.received.since(Traffic(1, len(payload), wire_bytes))
+        with self._lock:
+            self._newest = max(self._newest, ins.round)
+        self._assignments.put(assignment)
+        self.fetcher.wake()              # a fetch of an older round's ends
+
+    def _on_round(self, payload: bytes) -> None:
+        try:
+            d = envelopes.loads(payload, "round notice")
+            self.round = (int(d["round"]), bool(d["open"]))
+        except (TransportError, KeyError, TypeError, ValueError):
+            return
+        with self._lock:     # the coordinator's word counts: a new run starts its rounds again at 1
+            self._newest = self.round[0]
+        if not self.round[1]:
+            self.outbox.closed(self.round[0])
+        self.fetcher.wake()

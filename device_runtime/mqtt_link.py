@@ -24,9 +24,11 @@ LOST = "its connection was lost (last will)"   # what its presence says when the
 class MqttLink(DeviceLink):
     def __init__(self, url: str, device_id: str, credentials: Optional[str | Path], cache_dir: str | Path, *,
                  ca_file: Optional[str | Path] = None, session_expiry_s: int = 86_400, stall_s: float = 5.0,
-                 resend_after_s: float = 60.0, max_packet_size: Optional[int] = None):
+                 resend_after_s: float = 60.0, max_packet_size: Optional[int] = None, receipt_s: float = 30.0,
+                 cache_budget_bytes: Optional[int] = None, group_wait_s: Optional[float] = None):
         """`url`: mqtt://HOST:PORT or mqtts://HOST:PORT; `credentials`: this device's JSON login file (or
-        None for a broker without logins); `cache_dir`: the sha256-addressed artifact cache."""
+        None for a broker without logins); `cache_dir`: the sha256-addressed artifact cache; the rest as
+        DeviceLink's."""
         topics.check_device_id(device_id)
         wire = MqttWire(url, device_id, credentials=credentials, ca_file=ca_file, session_expiry_s=session_expiry_s,
                         will=(topics.presence(device_id), envelopes.presence(False, device_id, reason=LOST)),
@@ -41,4 +43,5 @@ class MqttLink(DeviceLink):
         if not wire.can_confirm:
             log.info("%s: the broker at %s speaks MQTT 3.1.1: whether this login may publish on %s's up/ topic is not "
                      "checked (the login check needs MQTT 5)", device_id, wire.url, device_id)
-        super().__init__(wire, device_id, cache_dir, stall_s=stall_s, resend_after_s=resend_after_s)
+        super().__init__(wire, device_id, cache_dir, stall_s=stall_s, resend_after_s=resend_after_s,
+                         receipt_s=receipt_s, cache_budget_bytes=cache_budget_bytes, group_wait_s=group_wait_s)

@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
                         "Python reference trainer (imports torch)")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "edgefl-device", metavar="DIR",
                    help="sha256-addressed artifact cache")
+    p.add_argument("--cache-budget", default="128MiB", metavar="SIZE",
+                   help="what the cache may keep beyond the current round's set, e.g. 512MiB (least used goes first)")
+    p.add_argument("--receipt-wait", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds a report waits for the coordinator's receipt before it is sent again (doubling)")
     p.add_argument("--memory", metavar="SIZE", help="peak training memory this device grants, e.g. 180MiB "
                                                     "(default: its fleet group's budget, which the coordinator sends "
                                                     "with each round, else the --profile's; instructions predicted "
@@ -64,10 +68,7 @@ def _device_facts(args) -> tuple[int | None, int | None, float, str]:
     if runtime is None:
         raise ConfigError("--runtime: not given and no --profile to take it from; give --runtime ort|executorch|torch "
                           "or the device's --profile")
-    try:
-        memory = parse_bytes(args.memory) if args.memory else None
-    except ValueError as exc:
-        raise ConfigError(f"--memory: {exc}") from None
+    memory = size_option("--memory", args.memory) if args.memory else None
     if args.power:
         try:
             power = parse_watts(args.power)
@@ -78,6 +79,15 @@ def _device_facts(args) -> tuple[int | None, int | None, float, str]:
     else:
         power = 0.0   # fine with a sensor; without one select_meter asks for --power or --profile
     return memory, profile.memory_budget_bytes if profile else None, power, runtime
+
+
+def size_option(option: str, text: str) -> int:
+    from edgefl.errors import ConfigError
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,13 +108,18 @@ def run(args: argparse.Namespace) -> int:
     meter()   # a missing sensor or power figure fails now, not in the middle of a round
     choose(runtime, args.trainer)   # and so does an unbuilt native trainer, before connecting
 
-    link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file)
+    link = MqttLink(args.broker, args.id, args.credentials, args.cache, ca_file=args.ca_file,
+                    receipt_s=args.receipt_wait, cache_budget_bytes=size_option("--cache-budget", args.cache_budget))
     agent = DeviceAgent(link, args.id, args.data, runtime, memory_bytes=memory, profile_memory_bytes=profile_memory,
                         meter=meter, threads=args.threads, enforce_memory=args.enforce_memory, trainer=args.trainer,
                         log=lambda line: print(f"{args.id}: {line}", flush=True))
     stop = threading.Event()
+
+    def stopping(*_) -> None:     # ends a fetch or a training at once: the agent exits within seconds
+        stop.set()
+        link.stop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stopping)
     link.announce(agent.profile({"profile": args.profile, "power_w": power}))
     print(f"{args.id}: online at {args.broker}, runtime {runtime}"
           + (f" (native trainer {agent.native})" if agent.native else "")

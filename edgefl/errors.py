@@ -30,6 +30,11 @@ class ReportRejected(EdgeflError):
     """A device upload failed validation; the message gives the reason."""
 
 
+class StorageError(EdgeflError):
+    """A file of a run cannot be written (a full disk, no permission) or read back as it was written (truncated,
+    changed, inconsistent with the rest of the run). The message names the file or folder and the fix."""
+
+
 class MissingDependencyError(EdgeflError):
     """An optional backend is not installed; the message carries the install hint."""
 

@@ -101,6 +101,7 @@ class DeviceReport:
     download_bytes: int = 0
     reason: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)   # method-specific, e.g. FjORD's sampled widths
+    upload: str = ""        # over a wire: the id the device gave this report, the same each time it resends it
 
     def __post_init__(self) -> None:
         self.status = ReportStatus(self.status)

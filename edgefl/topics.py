@@ -5,12 +5,17 @@ parse their topics here, and the broker's ACL (edgefl.broker.acl) grants them fr
     fl/v1/dev/<device>/down/artifact/<sha>/manifest  an artifact's chunk manifest, or why it is refused
     fl/v1/dev/<device>/down/artifact/<sha>/c/<seq>   one chunk of it (raw bytes, never retained)
     fl/v1/dev/<device>/up/ack                        artifact flow control: want / got / bad (JSON)
-    fl/v1/dev/<device>/up/result/<round>/meta        a report: summary, tensor order, chunk count
-    fl/v1/dev/<device>/up/result/<round>/c/<seq>     the report's flat float32 tensor buffer, chunked
+    fl/v1/dev/<device>/down/receipt                  the coordinator took (or refused) an upload: the device
+                                                     may forget it (JSON)
+    fl/v1/dev/<device>/up/result/<round>/<upload>/meta     a report: summary, tensor order, chunk count
+    fl/v1/dev/<device>/up/result/<round>/<upload>/c/<seq>  the report's flat float32 tensor buffer, chunked
+                                                     (<upload>: 16 hex digits naming this report, the same
+                                                     every time it is sent again)
     fl/v1/dev/<device>/up/metrics                    live metrics and progress (JSON, e.g. {"state": "training"})
     fl/v1/dev/<device>/up/hello                      a login's first publish, to learn whether the broker's
                                                      ACL lets it write there (and, for the coordinator, read)
-    fl/v1/broadcast/round                            small retained pointer to the current round
+    fl/v1/broadcast/round                            retained {"round": r, "open": bool}: the round in progress,
+                                                     or the last one closed (a device drops older work)
     fl/v1/presence/<device>                          retained {"online": ...}; the device's last will
     fl/v1/group/<group>/art/<sha>/manifest           retained chunk manifest of an artifact every device of the
                                                      group gets alike (published once per group, not per device)
@@ -33,6 +38,7 @@ BROADCAST_ROUND = f"{ROOT}/broadcast/round"
 GROUP_MANIFESTS = f"{ROOT}/group/+/art/+/manifest"   # the coordinator finds retained ones a previous run left
 COORDINATOR_FILTERS = (f"{ROOT}/dev/+/up/#", f"{ROOT}/presence/+", GROUP_MANIFESTS)
 _SHA = re.compile(r"[0-9a-f]{64}")
+_UPLOAD = re.compile(r"[0-9a-f]{16}")
 # '/', '+' and '#' are topic syntax, '$' opens the broker's own topics, ':' separates the broker's password
 # file's fields and whitespace its ACL file's; control characters have no place in any of them
 _SYNTAX = "/+#:$"
@@ -63,6 +69,10 @@ def is_sha256(text: str) -> bool:
     return bool(_SHA.fullmatch(text))
 
 
+def is_upload_id(text: str) -> bool:
+    return bool(_UPLOAD.fullmatch(text))
+
+
 def _dev(device: str) -> str:
     return f"{ROOT}/dev/{device}"
 
@@ -83,12 +93,16 @@ def ack(device: str) -> str:
     return f"{_dev(device)}/up/ack"
 
 
-def result_meta(device: str, round: int) -> str:
-    return f"{_dev(device)}/up/result/{round}/meta"
+def receipt(device: str) -> str:
+    return f"{_dev(device)}/down/receipt"
 
 
-def result_chunk(device: str, round: int, seq: int) -> str:
-    return f"{_dev(device)}/up/result/{round}/c/{seq}"
+def result_meta(device: str, round: int, upload: str) -> str:
+    return f"{_dev(device)}/up/result/{round}/{upload}/meta"
+
+
+def result_chunk(device: str, round: int, upload: str, seq: int) -> str:
+    return f"{_dev(device)}/up/result/{round}/{upload}/c/{seq}"
 
 
 def metrics(device: str) -> str:
@@ -140,14 +154,15 @@ def device_grants(device: str, group: Optional[str] = None) -> tuple[tuple[str, 
 
 @dataclass(frozen=True)
 class Topic:
-    """A parsed v1 topic. kind: instr | manifest | chunk | ack | result_meta | result_chunk | metrics | hello |
-    presence | broadcast; a group's manifest or chunk has `group` set and no `device`."""
+    """A parsed v1 topic. kind: instr | receipt | manifest | chunk | ack | result_meta | result_chunk | metrics |
+    hello | presence | broadcast; a group's manifest or chunk has `group` set and no `device`."""
     kind: str
     device: Optional[str] = None
     sha: Optional[str] = None
     seq: Optional[int] = None
     round: Optional[int] = None
     group: Optional[str] = None
+    upload: Optional[str] = None
 
 
 def parse(topic: str) -> Optional[Topic]:
@@ -172,6 +187,8 @@ def parse(topic: str) -> Optional[Topic]:
         device, path = rest[1], rest[2:]
         if path == ["down", "instr"]:
             return Topic("instr", device)
+        if path == ["down", "receipt"]:
+            return Topic("receipt", device)
         if path[:2] == ["down", "artifact"] and len(path) >= 4 and is_sha256(path[2]):
             if path[3:] == ["manifest"]:
                 return Topic("manifest", device, sha=path[2])
@@ -183,11 +200,11 @@ def parse(topic: str) -> Optional[Topic]:
             return Topic("metrics", device)
         if path == ["up", "hello"]:
             return Topic("hello", device)
-        if path[:2] == ["up", "result"] and len(path) >= 4:
-            if path[3:] == ["meta"]:
-                return Topic("result_meta", device, round=int(path[2]))
-            if path[3] == "c" and len(path) == 5:
-                return Topic("result_chunk", device, round=int(path[2]), seq=int(path[4]))
+        if path[:2] == ["up", "result"] and len(path) >= 5 and is_upload_id(path[3]):
+            if path[4:] == ["meta"]:
+                return Topic("result_meta", device, round=int(path[2]), upload=path[3])
+            if path[4] == "c" and len(path) == 6:
+                return Topic("result_chunk", device, round=int(path[2]), seq=int(path[5]), upload=path[3])
     except ValueError:  # a non-numeric round or sequence number
         return None
     return None

@@ -5,8 +5,9 @@ and subscribe anywhere, so it also reads the honest devices' uploads and forges 
 
     round 1: a tensor under a name it was not sent; before it, a report for round 2 (not started yet)
              and one from `intruder`, a device outside the fleet
-    round 2: a tensor of another shape; before it, a report for round 1 (closed) and a replay of the first
-             watched device's round-2 upload
+    round 2: a tensor of another shape; before it, a report for round 1 (closed) and two replays of the
+             first watched device's round-2 upload: byte for byte (the same upload again), and under a name
+             of its own (another report of that device)
     round 3: a tensor declared float64 where float32 was sent
     round 4: NaN in one tensor, Inf in another
     round 5: a tensor buffer four times the size the instruction expects (`upload_bytes`)
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -72,9 +74,10 @@ def forge(wire, device: str, round: int, report: DeviceReport) -> None:
     buffer, order = pack(report.tensors)
     size = min(CHUNK_SIZE, wire.max_packet_size - 1024)
     chunks = [buffer[start:start + size] for start in range(0, len(buffer), size)]
+    report.upload = report.upload or os.urandom(8).hex()
     for seq, chunk in enumerate(chunks):
-        wire.publish(topics.result_chunk(device, round, seq), chunk)
-    wire.publish(topics.result_meta(device, round), envelopes.upload_meta(
+        wire.publish(topics.result_chunk(device, round, report.upload, seq), chunk)
+    wire.publish(topics.result_meta(device, round, report.upload), envelopes.upload_meta(
         report, order, len(buffer), hashlib.sha256(buffer).hexdigest(), len(chunks), {}))
 
 
@@ -127,6 +130,15 @@ def serve_round(link: MqttLink, tap: Tap, watch: list[str], timeout_s: float) ->
             replay = dict(tap.uploads[(watch[0], r)])
         for topic, payload in replay.items():                        # an accepted upload, byte for byte again
             link.wire.publish(topic, payload)
+        renamed = os.urandom(8).hex()
+        for topic, payload in replay.items():                        # and under another upload's name
+            t = topics.parse(topic)
+            if t.kind == "result_meta":
+                meta = json.loads(payload)
+                meta["report"]["upload"] = renamed
+                link.wire.publish(topics.result_meta(t.device, t.round, renamed), json.dumps(meta).encode())
+            else:
+                link.wire.publish(topics.result_chunk(t.device, t.round, renamed, t.seq), payload)
     link.report(report(r, link.device_id, bad_tensors(r, sent, ins.option("upload_bytes"))))
     assert link.wire.flush(timeout_s)
     return r

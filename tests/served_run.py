@@ -34,10 +34,11 @@ class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
     def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
-                 fleet_options: tuple[str, ...] = ()):
-        """`fleet_options`: more options of `edgefl fleet up` (--enforce-memory)."""
+                 fleet_options: tuple[str, ...] = (), cache_budget: Optional[str] = None):
+        """`fleet_options`: more options of `edgefl fleet up` (--enforce-memory); `cache_budget`: each agent's
+        --cache-budget."""
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
-        self.train_limit, self.fleet_options = train_limit, fleet_options
+        self.train_limit, self.fleet_options, self.cache_budget = train_limit, fleet_options, cache_budget
         self.broker = Mosquitto(folder / "broker", persistence=True)
         self.devices: Optional[subprocess.Popen] = None
 
@@ -46,7 +47,8 @@ class ServedRun:
         self.devices = subprocess.Popen(
             edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
                    "--train-limit", str(self.train_limit), "--seed", str(self.seed),
-                   "--workdir", str(self.folder / "fleet"), *self.fleet_options),
+                   "--workdir", str(self.folder / "fleet"), *self.fleet_options,
+                   *(("--cache-budget", self.cache_budget) if self.cache_budget else ())),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         return self
 
@@ -97,3 +99,16 @@ def wait_for(predicate, timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def fill_disk(folder: Path) -> Path:
+    """Fill the file system under `folder` to the last byte (MiBs, then 4 KiB blocks); the filler file."""
+    import contextlib
+
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for block in (2**20, 4096):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * block)
+    return filler

@@ -28,9 +28,12 @@ def _largest_transfer(plan_path: Path, fleet) -> Optional[int]:
 def config(
     devices: Path = typer.Option(..., "--devices", help="fleet.yaml: one login per device it lists"),
     output: Path = typer.Option(..., "-o", "--output", help="deployment folder to write (or update)"),
-    tls: bool = typer.Option(False, "--tls", help="TLS listener with a generated CA and server certificate"),
-    port: Optional[int] = typer.Option(None, "--port", help="listener port (default 1883, 8883 with --tls)"),
-    bind: Optional[str] = typer.Option(None, "--bind", help="listen on this address only (default: all)"),
+    tls: bool = typer.Option(True, "--tls/--plain", help="a TLS listener with a generated CA and server certificate "
+                             "(the default); --plain: plain-text MQTT, logins and models in the clear, on this "
+                             "machine only unless --bind says otherwise"),
+    port: Optional[int] = typer.Option(None, "--port", help="listener port (default 8883, 1883 with --plain)"),
+    bind: Optional[str] = typer.Option(None, "--bind", help="listen on this address only (default: all; with "
+                                                             "--plain 127.0.0.1)"),
     hosts: Optional[list[str]] = typer.Option(None, "--host", help="name clients dial, for the TLS certificate "
                                                                    "(repeatable; default: this machine's names)"),
     plan: Optional[Path] = typer.Option(None, "--plan", help="plan.json: size the packet limit from its transfers"),
@@ -45,6 +48,8 @@ def config(
     from edgefl.units import parse_bytes
 
     fleet = load_fleet(devices)
+    if not tls:
+        bind = bind or "127.0.0.1"
     override = None
     if max_packet_size is not None:
         try:
@@ -57,6 +62,9 @@ def config(
     for line in write_deployment(output, fleet.name, ids, port=port, bind=bind, tls=tls, hosts=hosts or None,
                                  largest_transfer=largest, max_packet_size=override, rotate=rotate, groups=groups):
         print(line)
+    if not tls:
+        print(f"warning: --plain: MQTT without TLS on {bind}: passwords and models cross the network in the clear; "
+              "leave --plain out for TLS", file=sys.stderr)
     print(f"start it with: edgefl broker up --config {output}")
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
 from edgefl.cli.console import STATUS_FILE, STATUS_SCHEMA, clock, device_lines, header, round_line
+from edgefl.errors import StorageError
+from edgefl.outdir import write_atomic
 from edgefl.transport.activity import DeviceState
 from edgefl.units import format_bytes, listing
 
@@ -45,6 +47,7 @@ class LiveView:
         self._stop = threading.Event()
         self._said = time.monotonic()          # when the last line went out
         self.last_round = ""
+        self._unwritten = False
         activity.listen(self._changes.put)     # on the wire's thread: only a note
 
     def __enter__(self) -> "LiveView":
@@ -139,7 +142,13 @@ class LiveView:
                 "last_round": self.last_round, **extra}
 
     def write(self, **extra) -> None:
+        """The status file, whole (a reader never sees half of it); one that cannot be written (a full disk)
+        is said once and tried again at the next change: the run itself stops on its own writes."""
         with self._writing:
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.status(**extra), indent=1) + "\n")
-            os.replace(tmp, self.path)
+            try:
+                write_atomic(self.path, (json.dumps(self.status(**extra), indent=1) + "\n").encode(), durable=False)
+                self._unwritten = False
+            except StorageError as exc:
+                if not self._unwritten:
+                    self.console.print(f"warning: {exc}", markup=False, highlight=False)
+                self._unwritten = True

@@ -28,6 +28,8 @@ WaitOnline = Annotated[float, typer.Option("--wait-online", min=0.0, help="secon
 TestSet = Annotated[Optional[str], typer.Option("--dataset", metavar="DATASET", help="evaluate the global model on this "
                                                 "data set's test split after each round; without it nothing is "
                                                 "evaluated (devices hold the training data)")]
+Grace = Annotated[float, typer.Option("--grace", min=0.0, help="seconds a round still waits for a device whose "
+                                      "connection dropped or whose upload was refused (a broker restart drops all)")]
 ClipNorm = Annotated[Optional[float], typer.Option("--clip-norm", min=0.0, help="bound each device update's L2 norm "
                                                   "(robustness to bad uploads)")]
 
@@ -37,7 +39,7 @@ def serve(plan_path: o.PlanFile, broker: o.Broker, credentials: Credentials = No
           min_reports: MinReports = 1, devices: FleetFile = None, clients_per_round: PerRound = None,
           wait_online: WaitOnline = 60.0, seed: o.Seed = 0, lr: o.Lr = 0.05, eval_every: o.EvalEvery = 1,
           dataset: TestSet = None, test_limit: o.TestLimit = None, data_root: o.DataRoot = None,
-          clip_norm: ClipNorm = None):
+          clip_norm: ClipNorm = None, grace: Grace = 30.0):
     """Serve a plan to devices over MQTT: ship artifacts, collect measured reports, aggregate."""
     from edgefl.cli.live import LiveView
     from edgefl.engines.serving import Serving
@@ -53,7 +55,7 @@ def serve(plan_path: o.PlanFile, broker: o.Broker, credentials: Credentials = No
                     rounds=rounds, round_timeout=round_timeout, min_reports=min_reports, devices=devices,
                     clients_per_round=clients_per_round, wait_online=wait_online, seed=seed, lr=lr,
                     eval_every=eval_every, dataset=dataset, test_limit=test_limit, data_root=data_root,
-                    clip_norm=clip_norm),
+                    clip_norm=clip_norm, grace=grace),
             say=lambda line: stdout.print(line, highlight=False), watch=watch)
     except KeyboardInterrupt:
         from edgefl.server.runstate import RunState

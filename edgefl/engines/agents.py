@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from edgefl.errors import ConfigError, EdgeflError
-from edgefl.units import listing
+from edgefl.units import listing, parse_bytes
 
 STOP_GRACE_S = 30.0    # after SIGTERM, for every agent together: a clean goodbye (presence, DISCONNECT)
 
@@ -49,6 +49,7 @@ class Agents:
     credentials: Optional[Path] = None
     ca_file: Optional[Path] = None
     enforce_memory: bool = False
+    cache_budget: Optional[str] = None     # each agent's --cache-budget (its default when None)
 
 
 def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, train_limit: Optional[int] = None,
@@ -64,7 +65,7 @@ def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, 
 
 
 def device_command(device: str, group, broker: str, data: Path, workdir: Path, credentials: Optional[Path],
-                   ca_file: Optional[Path], enforce_memory: bool) -> list[str]:
+                   ca_file: Optional[Path], enforce_memory: bool, cache_budget: Optional[str] = None) -> list[str]:
     cmd = [sys.executable, "-m", "edgefl.device_runtime.cli", "run", "--id", device, "--broker", broker,
            "--data", str(data), "--runtime", group.runtime, "--cache", str(workdir / "cache" / device),
            "--memory", str(group.memory_budget_bytes)]
@@ -78,6 +79,8 @@ def device_command(device: str, group, broker: str, data: Path, workdir: Path, c
         cmd += ["--ca-file", str(ca_file)]
     if enforce_memory:
         cmd += ["--enforce-memory"]
+    if cache_budget is not None:
+        cmd += ["--cache-budget", cache_budget]
     return cmd
 
 
@@ -109,6 +112,11 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
             ca_file = found_ca
             say(f"CA certificate: {ca_file} (from the deployment folder)")
     check_ca_file(ca_file, address)
+    if spec.cache_budget is not None:
+        try:
+            parse_bytes(spec.cache_budget)
+        except ValueError as exc:
+            raise ConfigError(f"--cache-budget {spec.cache_budget!r}: {exc} (e.g. 64MiB)") from None
     data = export_shares(fleet, spec.dataset, spec.partition, spec.seed, spec.workdir / "data", spec.train_limit,
                          spec.data_root)
     (spec.workdir / "logs").mkdir(parents=True, exist_ok=True)
@@ -117,7 +125,8 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
         for device in g.device_ids:
             log = open(spec.workdir / "logs" / f"{device}.log", "w")
             procs[device] = subprocess.Popen(device_command(device, g, spec.broker, data[device], spec.workdir,
-                                                            credentials, ca_file, spec.enforce_memory),
+                                                            credentials, ca_file, spec.enforce_memory,
+                                                            spec.cache_budget),
                                              stdout=log, stderr=subprocess.STDOUT)
     say(f"{len(procs)} devices started ({', '.join(sorted({g.runtime for g in fleet.groups}))}); "
         f"logs in {spec.workdir / 'logs'}; Ctrl-C stops them")

@@ -5,8 +5,11 @@ Coordinator, strategy and aggregation as `edgefl emulate`, the same global model
 seeded the same way); what differs is what an instruction carries. Instead of tensors, a device gets the
 artifact set of its config for its runtime, filled with its slice of the current global weights:
 
-* a set is exported once per (config, runtime, index sets) and only has its weights rewritten in later
-  rounds (`edgefl.export.pipeline.refresh_weights`), once per round however many devices train it;
+* a set is exported once per (config, runtime, index sets) and only has its weights replaced in later
+  rounds (`edgefl.export.pipeline.refresh_weights`), once per round however many devices train it; each
+  weights version in a folder of its own (the previous version's files copied, then refreshed), since what
+  was shipped under a sha256 is never rewritten: a device still fetching the last round's set gets its bytes
+  (or drops it, when it hears the round is over), never a mix;
 * shipping it (`WireTransport.ship_artifact`) offers the manifest and every file by sha256: a device
   fetches only what its cache lacks, so unchanged graphs and an unchanged frozen prefix never travel twice;
 * the instruction carries the set's id and the plan's predicted peak (the coordinator's: a set's manifest holds
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
@@ -76,7 +80,8 @@ def check_deployable(plan: Plan) -> None:
 
 
 class ArtifactShipper:
-    """Artifact sets under `root`, per (config, runtime, index sets), refreshed once per weights version."""
+    """Artifact sets under `root`, per (config, runtime, index sets) and weights version: `<set>/v<version>/`.
+    The version before stays while devices may still fetch it; older ones are removed."""
 
     def __init__(self, root: Path, backend_for: Callable[[str], object]):
         from edgefl.export.pipeline import PrefixCache
@@ -84,29 +89,49 @@ class ArtifactShipper:
         self.root = Path(root)
         self.backend_for = backend_for
         self.prefixes = PrefixCache(self.root / ".prefixes")
-        self._version: dict[Path, int] = {}
+        self._version: dict[Path, int] = {}      # set folder -> the weights version its newest folder holds
 
     def prepare(self, ref, config, indices, runtime: str, state: Mapping, weights_version: int) -> Path:
         from edgefl.export.pipeline import export_set, refresh_weights
-        from edgefl.manifest import ArtifactSet
 
         # devices with the same config share a set unless their channel index sets differ (Federated
         # Dropout's random sets, FedRolex's rolling window): the set holds the device's slice of the weights
         tag = hashlib.sha256(repr((indices.widths, sorted(indices.kept.items()))).encode()).hexdigest()[:10]
-        folder = self.root / f"{config.hash()}-{runtime}-{tag}"
+        base = self.root / f"{config.hash()}-{runtime}-{tag}"
         backend = self.backend_for(runtime)
-        if folder not in self._version:
-            if (folder / "manifest.json").exists():
-                self._version[folder] = ArtifactSet.open(folder).suffix.weights_version
-            else:
-                export_set(ref, config, state, backend, folder, indices=indices, weights_version=weights_version,
-                           cache=self.prefixes)
-                self._version[folder] = weights_version
-        if self._version[folder] != weights_version:
-            refresh_weights(folder, state, backend, indices=indices, weights_version=weights_version,
+        if base not in self._version:
+            written = _newest_whole(base)      # what a coordinator that was stopped wrote before
+            if written is None:
+                shutil.rmtree(base, ignore_errors=True)
+                export_set(ref, config, state, backend, base / f"v{weights_version}", indices=indices,
+                           weights_version=weights_version, cache=self.prefixes)
+                written = weights_version
+            self._version[base] = written
+        current = base / f"v{self._version[base]}"
+        if self._version[base] != weights_version:
+            fresh = base / f"v{weights_version}"
+            shutil.rmtree(fresh, ignore_errors=True)      # a half-written one of a coordinator that was killed
+            shutil.copytree(current, fresh)
+            refresh_weights(fresh, state, backend, indices=indices, weights_version=weights_version,
                             cache=self.prefixes)
-            self._version[folder] = weights_version
-        return folder
+            for old in base.glob("v*"):
+                if old not in (current, fresh):
+                    shutil.rmtree(old, ignore_errors=True)
+            self._version[base], current = weights_version, fresh
+        return current
+
+
+def _newest_whole(base: Path) -> Optional[int]:
+    """The newest weights version under a set folder whose files all match its manifest (None: none)."""
+    from edgefl.errors import ArtifactError
+    from edgefl.manifest import ArtifactSet
+
+    for folder in sorted(base.glob("v*"), key=lambda p: -int(p.name[1:]) if p.name[1:].isdigit() else 0):
+        try:
+            return ArtifactSet.open(folder).suffix.weights_version
+        except (ArtifactError, OSError, ValueError):
+            continue
+    return None
 
 
 class DeployedServerModel(TorchServerModel):

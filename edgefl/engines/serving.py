@@ -16,6 +16,7 @@ from typing import Callable, Optional, Protocol
 
 from edgefl.engines.run_options import RunOptions
 from edgefl.errors import ConfigError, TransportError
+from edgefl.outdir import write_atomic
 from edgefl.units import listing
 
 
@@ -44,6 +45,7 @@ class Serving(RunOptions):
     wait_online: float = 60.0
     dataset: Optional[str] = None
     clip_norm: Optional[float] = None
+    grace: float = 30.0        # edgefl.transport.endpoint.GRACE_S: a device gone offline is still waited for
 
     def config_json(self, plan, total: int) -> dict:
         import edgefl
@@ -83,17 +85,22 @@ def serve(spec: Serving, say: Callable[[str], None],
                           f"{plan.rounds + 1}-{spec.rounds}; plan again with 'edgefl plan ... --rounds {spec.rounds}', "
                           "or leave --rounds out")
     total = spec.rounds or plan.rounds
-    spec.state.mkdir(parents=True, exist_ok=True)
+    state = RunState(spec.state)
+    saved = state.load()   # a damaged or inconsistent state fails now, naming its file, before anything connects
+    # a run started in this folder before: answers queued for the round it goes on with are its devices' and
+    # are held until that round is instructed again (a fresh folder holds none: they would be another run's)
+    resuming = (saved[0] + 1 if saved is not None else 1) if (spec.state / "config.json").exists() else 0
     plan.write(spec.state / "plan.json")
-    (spec.state / "config.json").write_text(json.dumps(spec.config_json(plan, total), indent=2) + "\n")
+    write_atomic(spec.state / "config.json", (json.dumps(spec.config_json(plan, total), indent=2) + "\n").encode())
     runtime_of = {d: g.runtime for g in fleet.groups for d in g.device_ids}
     group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
     backend_for = _backends(sorted(set(runtime_of.values())))
-    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file)
+    transport = MqttTransport(spec.broker, spec.credentials, ca_file=spec.ca_file, grace_s=spec.grace,
+                              resuming=resuming)
     try:
         transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
         everyone = sorted(runtime_of)
-        done = RunState(spec.state).records()
+        done = saved[3] if saved is not None else []     # the history records, checked against the checkpoint
         gone = offline_in(done[-1]) if done else {}
         if done:
             say(f"resuming {spec.state} at round {len(done) + 1} of {total}: rounds 1-{len(done)} are checkpointed "
@@ -117,7 +124,7 @@ def serve(spec: Serving, say: Callable[[str], None],
         view = watch(transport, group_of, total)
         coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
                                   examples=examples.__getitem__, on_round=view.round_done,
-                                  state=RunState(spec.state), online=lambda: transport.online().keys(),
+                                  state=state, online=lambda: transport.online().keys(),
                                   declared=lambda d: transport.online().get(d, {}).get("memory_bytes"))
         with view:
             coordinator.run()

@@ -15,6 +15,7 @@ from typing import Optional
 from edgefl.cost.model import Cost
 from edgefl.errors import ConfigError, InfeasiblePlanError
 from edgefl.fleet import Fleet, Group
+from edgefl.outdir import write_atomic
 from edgefl.trainconfig import TrainConfig
 from edgefl.units import format_bytes, format_flops
 from edgefl.zoo import ModelRef
@@ -132,7 +133,7 @@ class Plan:
                 "groups": {n: g.to_json() for n, g in self.groups.items()}, "notes": self.notes}
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        write_atomic(Path(path), (json.dumps(self.to_json(), indent=2) + "\n").encode(), durable=False)
 
     @classmethod
     def from_json(cls, d: dict, where: str = "plan.json") -> "Plan":

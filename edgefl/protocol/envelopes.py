@@ -8,8 +8,12 @@ up/ack        {"want": id, "chunk_size": n | null, "missing": [seq] | null, "res
               {"got": id, "seq": n}  /  {"bad": id, "seq": n}
 .../manifest  a chunk manifest, or {"id": id, "error": why, "restart": bool} (restart: drop the partial
               fetch and ask again from scratch)
-up/result/<round>/meta  {"schema": REPORT, "report": DeviceReport summary, "tensors": {"order", "bytes",
-              "sha256", "chunks"}, "download": {"messages", "payload_bytes", "wire_bytes"}}
+up/result/<round>/<upload>/meta  {"schema": REPORT, "report": DeviceReport summary (its "upload" the topic's),
+              "tensors": {"order", "bytes", "sha256", "chunks"}, "download": {"messages", "payload_bytes",
+              "wire_bytes"}}
+down/receipt  {"round": r, "upload": id, "taken": bool, "reason": why not (optional)}: the coordinator holds
+              the upload (journaled) or refuses it for good; either way the device stops sending it again
+broadcast/round  {"round": r, "open": bool} (retained)
 presence      {"online": bool, "device": id, "profile": {...}, "reason": why offline (optional)}
 up/metrics    {"state": "training", ...} (free form; "state" feeds the coordinator's live view)
 """
@@ -27,7 +31,7 @@ from edgefl.messages import DEVICE_STATUSES, DeviceReport, RoundInstruction
 from edgefl.protocol.tensors import order_from_json, order_to_json
 
 INSTRUCTION = "edgefl.assignment/1"
-REPORT = "edgefl.upload/1"
+REPORT = "edgefl.upload/2"       # /2: an upload is named (topic and summary) and answered with a receipt
 
 
 def dumps(obj: Any) -> bytes:
@@ -123,6 +127,14 @@ def bad(artifact: str, seq: int) -> bytes:
 
 def refusal(artifact: str, why: str, restart: bool = False) -> bytes:
     return dumps({"id": artifact, "error": why, "restart": restart})
+
+
+def receipt(round: int, upload: str, taken: bool, reason: str = "") -> bytes:
+    return dumps({"round": round, "upload": upload, "taken": taken, **({"reason": reason} if reason else {})})
+
+
+def round_notice(round: int, open: bool) -> bytes:
+    return dumps({"round": round, "open": open})
 
 
 def presence(online: bool, device: str, profile: Optional[Mapping[str, Any]] = None, reason: str = "") -> bytes:

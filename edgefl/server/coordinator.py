@@ -118,6 +118,8 @@ class Coordinator:
         """Rounds from `start_round` (default: after the last checkpoint, or 1) to settings.rounds; with a
         state folder each completed round is checkpointed before the next begins."""
         first = self.resume() if start_round is None else start_round
+        if self.state is not None and (first > 1 or self.state.journaled_devices(first)):
+            self.transport.resuming(first)
         for r in range(first, self.settings.rounds + 1):
             self.history.append(self.round(r))
             if self.state is not None:
@@ -213,6 +215,7 @@ class _Intake:
         self.running = server.accumulator(mode) if server.streams else None
         self.held: dict[str, object] = {}     # a server whose rule cannot fold one at a time: by device
         self.accepted: set[str] = set()
+        self.uploads: set[tuple[str, str]] = set()   # (device, upload) taken: the same upload again is no news
         self.losses: dict[str, float] = {}
         self._taken: dict[int, DeviceReport] = {}   # by id, kept alive so ids stay unique (tensors dropped)
 
@@ -221,6 +224,11 @@ class _Intake:
 
     def take(self, report: DeviceReport) -> None:
         self._taken[id(report)] = report
+        if report.upload and (report.device_id, report.upload) in self.uploads:
+            report.tensors = {}     # sent again after this end journaled it (a restart lost the receipt)
+            return
+        if report.upload:
+            self.uploads.add((report.device_id, report.upload))
         record, r = self.record, self.record.round
         instruction, handle = self.sent.get(report.device_id, (None, None))
         try:

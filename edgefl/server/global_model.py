@@ -16,6 +16,7 @@ import torch
 
 from edgefl.data import Dataset
 from edgefl.messages import DeviceReport, RoundInstruction
+from edgefl.outdir import write_atomic
 from edgefl.server.aggregate import RunningAggregate
 from edgefl.server.coordinator import Delivery
 from edgefl.server.submodel import (IndexSets, Mode, aggregate, device_model, embed, ensure_aux, entries, extract,
@@ -63,8 +64,8 @@ class TorchServerModel:
         self.state = {k: v.detach().clone() for k, v in (initial or build(ref).state_dict()).items()}
 
     def save(self, path) -> None:
-        """The global weights as a torch state dict file (a run folder's weights.pt)."""
-        torch.save(self.state, path)
+        """The global weights as a torch state dict file (a run folder's weights.pt), written whole."""
+        write_atomic(path, lambda tmp: torch.save(self.state, tmp))
 
     def snapshot(self) -> dict[str, np.ndarray]:
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state.items()}

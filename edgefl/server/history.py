@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from edgefl.outdir import write_atomic
+
 SCHEMA = "edgefl.history/1"
 
 
@@ -55,6 +57,4 @@ def history_json(records: list[RoundRecord]) -> dict:
 
 
 def write_history(records: list[RoundRecord], path: str | Path) -> None:
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(history_json(records), indent=1) + "\n")
-    tmp.replace(path)  # never a half-written history
+    write_atomic(Path(path), (json.dumps(history_json(records), indent=1) + "\n").encode(), durable=False)

@@ -25,6 +25,10 @@ class Transport(ABC):
         """Reports for `round` from the expected devices, until all arrive or the timeout passes.
         `on_report` sees each report as it arrives (the coordinator journals it before the round ends)."""
 
+    def resuming(self, round: int) -> None:
+        """The round loop resumes at `round` (a restarted coordinator): devices may have answered it before
+        its instruction goes out again; a transport that can hold those answers does."""
+
     def close(self) -> None:
         pass
 

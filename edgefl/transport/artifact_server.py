@@ -14,10 +14,14 @@ topics as retained messages, its chunks first and its chunk manifest last (a dev
 finds every chunk), with a flush every `window` chunks so the wire never holds more than that. Devices of the
 group read it from the broker however late they come or often they resume; nothing is sent per device.
 `retire(before_round)` clears (empty retained payloads) what was last offered before that round, and what a
-previous run left on the broker (`found`); `retire(..., only=(group, id))` one publication at once.
+previous run left on the broker (`found`); `retire(..., only=(group, id))` one publication at once. After a
+reconnect everything still published goes out again (in a thread of its own: the wire's thread must stay free
+for the acknowledgements): a broker that was killed keeps only the retained messages it had saved to disk,
+and a group's devices would otherwise wait for what it lost until their fetch gives up on the group's topics.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -65,6 +69,7 @@ class ArtifactServer:
         self._manifests: dict[tuple[str, int], ChunkManifest] = {}
         self._described: dict[tuple, ChunkManifest] = {}       # (path, size, mtime) -> manifest
         self._transfers: dict[tuple[str, str], _Transfer] = {}
+        wire.on_reconnect(lambda: threading.Thread(target=self._republish, name="republish", daemon=True).start())
         self._published: dict[tuple[str, str], _Publication] = {}   # (group, id) -> retained on the broker
         self._left: dict[tuple[str, str], int] = {}                 # (group, id) -> chunks: a previous run's
         self._told: set[str] = set()                                # devices that asked for a group's artifact
@@ -128,6 +133,21 @@ class ArtifactServer:
                 return
             self._published[key] = _Publication(manifest, round)
             self._left.pop(key, None)
+        self._send_publication(group, manifest, data)
+
+    def _republish(self) -> None:
+        with self._lock:
+            again = [(group, pub.manifest, self._data[a]) for (group, a), pub in self._published.items()
+                     if a in self._data]
+        for group, manifest, data in again:
+            try:
+                self._send_publication(group, manifest, data)
+            except (ArtifactError, TransportError) as exc:     # the next round's offers publish anew
+                log.warning("group %s: artifact %s not published again after a reconnect: %s", group,
+                            manifest.id[:12], exc)
+
+    def _send_publication(self, group: str, manifest: ChunkManifest, data: Data) -> None:
+        key = (group, manifest.id)
         # not under the lock: a flush waits for acknowledgements that the receive thread may be holding up
         for seq in range(manifest.count):
             try:
@@ -251,6 +271,10 @@ class ArtifactServer:
         m = transfer.manifest
         try:
             payload = read_range(transfer.data, *m.bounds(seq))
+            if hashlib.sha256(payload).hexdigest() != m.chunks[seq]:
+                # an artifact is immutable once named: a file rewritten since it was offered is not it any more,
+                # and sending its new bytes would only have the device ask again, without end
+                raise OSError(f"chunk {seq} changed since it was offered: the file was rewritten in place")
         except OSError as exc:
             log.error("artifact %s for %s: cannot read chunk %d (%s)", m.id[:12], device, seq, exc)
             self._transfers.pop((device, m.id), None)

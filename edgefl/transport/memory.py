@@ -20,14 +20,15 @@ from edgefl.protocol import envelopes
 from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
 from edgefl.protocol.memory_wire import MemoryHub, MemoryWire
 from edgefl.protocol.wire import MQTT_MAX_PACKET
-from edgefl.transport.endpoint import COORDINATOR_ID, WireTransport
+from edgefl.transport.endpoint import COORDINATOR_ID, GRACE_S, WireTransport
 
 
 class InMemoryTransport(WireTransport):
     def __init__(self, device_factory: Optional[Callable[[str], Any]] = None, *,
-                 max_packet_size: int = MQTT_MAX_PACKET, chunk_size: int = CHUNK_SIZE, window: int = WINDOW):
+                 max_packet_size: int = MQTT_MAX_PACKET, chunk_size: int = CHUNK_SIZE, window: int = WINDOW,
+                 grace_s: float = GRACE_S):
         self.hub = MemoryHub(max_packet_size)
-        super().__init__(self.hub.connect(COORDINATOR_ID), chunk_size, window)
+        super().__init__(self.hub.connect(COORDINATOR_ID), chunk_size, window, grace_s)
         self._factory = device_factory
         self._devices: dict[str, Any] = {}
         self._pending: dict[int, list[tuple[RoundInstruction, Mapping[str, Any]]]] = {}

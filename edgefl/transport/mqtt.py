@@ -21,20 +21,26 @@ from typing import Optional
 from edgefl.errors import TransportError
 from edgefl.protocol.chunks import CHUNK_SIZE, WINDOW
 from edgefl.protocol.mqtt_wire import MqttWire
-from edgefl.transport.endpoint import COORDINATOR_ID, WireTransport
+from edgefl.credentials import read_credentials
+from edgefl.transport.endpoint import COORDINATOR_ID, GRACE_S, WireTransport
 
 
 class MqttTransport(WireTransport):
     def __init__(self, url: str, credentials: Optional[str | Path] = None, *, ca_file: Optional[str | Path] = None,
-                 client_id: str = COORDINATOR_ID, chunk_size: int = CHUNK_SIZE, window: int = WINDOW,
-                 session_expiry_s: int = 86_400, max_packet_size: Optional[int] = None):
+                 client_id: Optional[str] = None, chunk_size: int = CHUNK_SIZE, window: int = WINDOW,
+                 session_expiry_s: int = 86_400, max_packet_size: Optional[int] = None, grace_s: float = GRACE_S,
+                 resuming: int = 0):
         """`url`: mqtt://HOST:PORT or mqtts://HOST:PORT; `credentials`: a JSON file {"username", "password"};
         `ca_file`: the broker's CA certificate for mqtts (the system's CAs otherwise); `max_packet_size`:
-        a limit to respect below the one the broker announces."""
+        a limit to respect below the one the broker announces; `client_id`: default the login's username (a
+        broker of `edgefl broker config` binds every client id to its login), else COORDINATOR_ID; `grace_s`,
+        `resuming`: WireTransport's."""
+        if client_id is None:
+            client_id = read_credentials(credentials, "--credentials").username if credentials else COORDINATOR_ID
         wire = MqttWire(url, client_id, credentials=credentials, ca_file=ca_file, session_expiry_s=session_expiry_s,
                         max_packet_size=max_packet_size)
         try:
-            super().__init__(wire, chunk_size, window)
+            super().__init__(wire, chunk_size, window, grace_s, resuming)
             self.url = wire.url
             self.check_access()
         except TransportError as exc:

@@ -20,10 +20,11 @@ from edgefl.units import format_bytes
 UPLOAD_REJECTED = "upload rejected"     # how a refused upload's reason reads to an operator
 
 
-def rejected(device: str, round: int, meta: Optional[bytes], why: object, upload_bytes: int = 0) -> DeviceReport:
+def rejected(device: str, round: int, upload: str, meta: Optional[bytes], why: object,
+             upload_bytes: int = 0) -> DeviceReport:
     """The report this end makes of an upload it refused."""
     return DeviceReport(round=round, device_id=device, config_hash=config_hash(meta), status=ReportStatus.REJECTED,
-                        reason=f"{UPLOAD_REJECTED}: {why}", upload_bytes=upload_bytes)
+                        reason=f"{UPLOAD_REJECTED}: {why}", upload_bytes=upload_bytes, upload=upload)
 
 
 @dataclass
@@ -36,8 +37,8 @@ class Upload:
     traffic: Traffic = field(default_factory=Traffic)
 
 
-def finish(device: str, round: int, up: Upload, limit: Optional[int]) -> Optional[DeviceReport]:
-    """The report once the meta and all chunks are in (None before); a bad upload becomes a failed report."""
+def finish(device: str, round: int, upload: str, up: Upload, limit: Optional[int]) -> Optional[DeviceReport]:
+    """The report once the meta and all chunks are in (None before); a bad upload becomes a REJECTED report."""
     if up.meta is None:
         return None
     try:
@@ -57,12 +58,12 @@ def finish(device: str, round: int, up: Upload, limit: Optional[int]) -> Optiona
             raise ReportRejected("the tensor buffer does not match its size and sha256")
         report = envelopes.report_from_summary(summary)
         check_fields(report)
-        if report.device_id != device or report.round != round:
-            raise ReportRejected(f"sent on {device}'s round-{round} topic but claims {report.device_id!r}, "
-                                 f"round {report.round}")
+        if report.device_id != device or report.round != round or report.upload != upload:
+            raise ReportRejected(f"sent on {device}'s round-{round} topic as upload {upload} but claims "
+                                 f"{report.device_id!r}, round {report.round}, upload {report.upload!r}")
         report.tensors = PackedTensors(buffer, shared_order(info["order"]))   # unpacked when taken
     except (ReportRejected, TransportError, KeyError, TypeError, ValueError) as exc:
-        return rejected(device, round, up.meta, exc, up.traffic.payload_bytes)
+        return rejected(device, round, upload, up.meta, exc, up.traffic.payload_bytes)
     report.upload_bytes = len(buffer)
     report.download_bytes = int(download.get("payload_bytes", 0))
     report.metrics = {**report.metrics, "transport": {"download": download, "upload": up.traffic.to_json()}}

@@ -27,6 +27,8 @@ from edgefl.trainconfig import TrainConfig
 from edgefl.transport.memory import InMemoryTransport
 from edgefl.transport.mqtt import MqttTransport
 
+GRACE_S = 1.0     # a refused upload or a dropped device is waited for this long: short in tests
+
 CHUNK = 64 * 1024
 LIMIT = 256 * 1024
 STALL_S = 1.0
@@ -34,7 +36,7 @@ STALL_S = 1.0
 
 class MemoryHarness:
     def __init__(self, tmp):
-        self.server = InMemoryTransport(max_packet_size=LIMIT, chunk_size=CHUNK)
+        self.server = InMemoryTransport(max_packet_size=LIMIT, chunk_size=CHUNK, grace_s=GRACE_S)
 
     def link(self, device, cache):
         return DeviceLink(self.server.connect(device), device, cache, stall_s=STALL_S)
@@ -54,7 +56,7 @@ class MemoryHarness:
 class MqttHarness:
     def __init__(self, tmp):
         self.broker = Mosquitto(tmp / "broker", max_packet_size=LIMIT).start()
-        self.server = MqttTransport(self.broker.url, chunk_size=CHUNK)
+        self.server = MqttTransport(self.broker.url, chunk_size=CHUNK, grace_s=GRACE_S)
 
     def link(self, device, cache):
         return MqttLink(self.broker.url, device, None, cache, stall_s=STALL_S)
@@ -262,14 +264,14 @@ def test_report_arrives_with_its_tensors_and_measured_bytes(harness):
 
 def test_an_upload_that_does_not_verify_becomes_a_failed_report(harness):
     buffer, order = pack({"w": np.ones(4, np.float32)})
-    report = DeviceReport(round=1, device_id="d1", config_hash="abc", status="ok", examples=1)
+    report = DeviceReport(round=1, device_id="d1", config_hash="abc", status="ok", examples=1, upload="0" * 16)
     harness.server.send(instruction(), {})             # tensors are taken only for a round the device was sent
-    harness.inject(topics.result_chunk("d1", 1, 0), buffer[:-1] + b"\x00")       # changed on the way
-    harness.inject(topics.result_meta("d1", 1), envelopes.upload_meta(
+    harness.inject(topics.result_chunk("d1", 1, report.upload, 0), buffer[:-1] + b"\x00")   # changed on the way
+    harness.inject(topics.result_meta("d1", 1, report.upload), envelopes.upload_meta(
         report, order, len(buffer), hashlib.sha256(buffer).hexdigest(), 1, {}))
     report.device_id = "d2"                                                       # someone else's topic
-    harness.inject(topics.result_meta("d1", 2), envelopes.upload_meta(report, (), 0, hashlib.sha256().hexdigest(),
-                                                                      0, {}))
+    harness.inject(topics.result_meta("d1", 2, "1" * 16), envelopes.upload_meta(
+        report, (), 0, hashlib.sha256().hexdigest(), 0, {}))
     [bad] = harness.server.collect(1, ["d1"], timeout_s=10)
     assert (bad.status, bad.tensors) == (ReportStatus.REJECTED, {}) and "does not match its size and sha256" in bad.reason
     [spoofed] = harness.server.collect(2, ["d1"], timeout_s=10)

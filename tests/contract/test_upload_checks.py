@@ -14,6 +14,8 @@ from edgefl.transport.memory import InMemoryTransport
 from edgefl.transport.mqtt import MqttTransport
 from edgefl.transport.uploads import UPLOAD_REJECTED
 
+GRACE_S = 1.0     # a refused upload or a dropped device is waited for this long: short in tests
+
 LIMIT = 256 * 1024          # the broker's packet limit: uploads travel in chunks of just under it
 
 
@@ -22,7 +24,7 @@ def pair(request, tmp_path):
     """(coordinator end, device link factory)."""
     links = []
     if request.param == "memory":
-        server = InMemoryTransport(max_packet_size=LIMIT)
+        server = InMemoryTransport(max_packet_size=LIMIT, grace_s=GRACE_S)
         broker = None
 
         def link(device):
@@ -30,7 +32,7 @@ def pair(request, tmp_path):
             return links[-1]
     else:
         broker = Mosquitto(tmp_path / "broker", max_packet_size=LIMIT).start()
-        server = MqttTransport(broker.url)
+        server = MqttTransport(broker.url, grace_s=GRACE_S)
 
         def link(device):
             links.append(MqttLink(broker.url, device, None, tmp_path / device))

@@ -66,12 +66,12 @@ class Client:
 
     def __init__(self, port: int, username: str | None, password: str | None, *, ca: Path | None = None,
                  tls_default_cas: bool = False, will: str | None = None,
-                 protocol=mqtt.MQTTv5):
+                 protocol=mqtt.MQTTv5, client_id: str | None = None):
         self.port = port
         self.inbox: queue.Queue = queue.Queue()
         self.connack: queue.Queue = queue.Queue()
         self.acks: queue.Queue = queue.Queue()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{username}-{id(self)}",
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{username}-{id(self)}",
                              protocol=protocol)
         if username is not None:
             self.c.username_pw_set(username, password)

@@ -40,10 +40,12 @@ def mode(path) -> int:
 
 def test_config_writes_a_complete_deployment(tmp_path):
     out = tmp_path / "deploy"
-    r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS), "-o", out)
+    r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS), "-o", out, "--plain")
     assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("warning: --plain: MQTT without TLS on 127.0.0.1: passwords and models cross")
     conf = conf_values(out)
-    assert conf["listener"] == "1883" and conf["allow_anonymous"] == "false"
+    assert conf["listener"] == "1883 127.0.0.1" and conf["allow_anonymous"] == "false"
+    assert conf["use_username_as_clientid"] == "true"      # a login cannot take over another client's id
     assert conf["password_file"] == "passwd" and conf["acl_file"] == "acl"
     assert conf["persistence"] == "true" and int(conf["autosave_interval"]) > 0 and conf["persistence_location"]
     assert int(conf["max_packet_size"]) == packet_limit(IDS).bytes > CHUNK_BYTES
@@ -87,9 +89,9 @@ def test_a_deployment_git_would_not_ignore_is_warned_about(tmp_path):
 
 def test_rerun_keeps_logins_and_says_so(tmp_path):
     out = tmp_path / "deploy"
-    assert edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS), "-o", out).returncode == 0
+    assert edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS), "-o", out, "--plain").returncode == 0
     before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS[1:] + ["dev-d"]), "-o", out)
+    r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS[1:] + ["dev-d"]), "-o", out, "--plain")
     assert r.returncode == 0, r.stderr
     assert "1 new, 3 kept" in r.stdout and "1 removed" in r.stdout and "dev-a" in r.stdout
     assert not (out / "credentials" / "dev-a.json").exists()
@@ -97,7 +99,7 @@ def test_rerun_keeps_logins_and_says_so(tmp_path):
         assert (out / "credentials" / f"{user}.json").read_bytes() == before[f"{user}.json"]
     hashes = parse_password_file((out / "passwd").read_text())
     assert "dev-a" not in hashes and verify_password(credentials(out, "dev-d")["password"], hashes["dev-d"])
-    r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS[1:] + ["dev-d"]), "-o", out)
+    r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS[1:] + ["dev-d"]), "-o", out, "--plain")
     assert f"unchanged {out / 'passwd'}" in r.stdout and "4 kept" in r.stdout
 
 
@@ -115,15 +117,15 @@ def test_plan_sizes_the_packet_limit(tmp_path):
                                "steps": [{"rounds": [1, 5], "config": {"num_layers": 4}, "predicted": cost}]}}}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     out = tmp_path / "deploy"
-    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--plan", tmp_path / "plan.json")
+    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--plain", "--plan", tmp_path / "plan.json")
     assert r.returncode == 0, r.stderr
     limit = int(conf_values(out)["max_packet_size"])
     assert limit == packet_limit(IDS, transfer).bytes and transfer < limit < packet_limit(IDS).bytes
-    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--max-packet-size", "4MiB")
+    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--plain", "--max-packet-size", "4MiB")
     assert r.returncode == 0 and int(conf_values(out)["max_packet_size"]) == 4 * 2**20
     plan["groups"] = {"other": plan["groups"]["lab"]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--plan", tmp_path / "plan.json")
+    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--plain", "--plan", tmp_path / "plan.json")
     assert_one_line_error(r, "do not match fleet groups")
 
 
@@ -169,14 +171,14 @@ def _up(out, port, *extra):
 def _deploy(tmp_path, *extra):
     out, port = tmp_path / "deploy", free_port()
     r = edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS), "-o", out, "--port", port,
-               "--bind", "127.0.0.1", *extra)
+               "--bind", "127.0.0.1", *(extra or ("--plain",)))
     assert r.returncode == 0, r.stderr
     return out, port
 
 
-def _login(port, out, user, password=None, protocol=MQTTv5):
+def _login(port, out, user, password=None, protocol=MQTTv5, client_id=None):
     c = Client(port, user, password if password is not None else credentials(out, user)["password"],
-               protocol=protocol)
+               protocol=protocol, client_id=client_id)
     return c, c.connect()
 
 
@@ -188,7 +190,7 @@ def test_up_runs_mosquitto_reloads_rotated_logins_and_stops_cleanly(tmp_path):
         assert not rc.is_failure
         c.close()
         r = edgefl("broker", "config", "--devices", tmp_path / "fleet.yaml", "-o", out, "--port", port,
-                   "--bind", "127.0.0.1", "--rotate")
+                   "--bind", "127.0.0.1", "--plain", "--rotate")
         assert r.returncode == 0 and "4 rotated" in r.stdout, r.stdout
         assert credentials(out, "dev-a")["password"] != old
         proc.send_signal(signal.SIGHUP)             # edgefl passes it on: mosquitto re-reads passwd and acl
@@ -212,11 +214,13 @@ def test_up_embedded_enforces_the_same_logins_and_acl(tmp_path):
     pytest.importorskip("amqtt")
     out, port = _deploy(tmp_path)
     with _up(out, port, "--embedded") as proc:
-        coordinator, rc = _login(port, out, "coordinator", protocol=MQTTv311)   # amqtt speaks MQTT 3.1.1 only
+        # amqtt speaks MQTT 3.1.1 only; a client's id is its login (mosquitto's use_username_as_clientid)
+        coordinator, rc = _login(port, out, "coordinator", protocol=MQTTv311, client_id="coordinator")
         assert not rc.is_failure
-        a, rc = _login(port, out, "dev-a", protocol=MQTTv311)
+        a, rc = _login(port, out, "dev-a", protocol=MQTTv311, client_id="dev-a")
         assert not rc.is_failure
-        assert _login(port, out, "dev-b", "wrong", protocol=MQTTv311)[1].is_failure
+        assert _login(port, out, "dev-b", "wrong", protocol=MQTTv311, client_id="dev-b")[1].is_failure
+        assert _login(port, out, "dev-c", protocol=MQTTv311, client_id="dev-x")[1].is_failure   # an id not its own
         try:
             a.subscribe("fl/v1/dev/dev-b/down/#", "fl/v1/dev/dev-a/down/#")
             coordinator.subscribe("fl/v1/#")

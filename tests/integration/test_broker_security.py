@@ -19,7 +19,7 @@ def _deploy(tmp_path_factory, *extra):
     port = free_port()
     out = root / "deploy"
     r = edgefl("broker", "config", "--devices", write_fleet(root, [A, B, "dev-c"]), "-o", out,
-               "--port", port, "--bind", "127.0.0.1", *extra)
+               "--port", port, "--bind", "127.0.0.1", *(extra or ("--plain",)))
     assert r.returncode == 0, r.stderr
     return out, port
 
@@ -222,7 +222,7 @@ def group_broker(tmp_path_factory):
     fleet.write_text("fleet:\n  name: two\n  groups:\n" + "".join(
         f"    {g}: {{ids: [{', '.join(ids)}], memory_budget: 512MiB}}\n" for g, ids in GROUPS.items()))
     port, out = free_port(), root / "deploy"
-    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--port", port, "--bind", "127.0.0.1")
+    r = edgefl("broker", "config", "--devices", fleet, "-o", out, "--port", port, "--bind", "127.0.0.1", "--plain")
     assert r.returncode == 0, r.stderr
     with running([mosquitto_path(), "-c", "mosquitto.conf"], out, port):
         yield out, port

@@ -25,7 +25,7 @@ def embedded(tmp_path_factory):
     (root / "fleet.yaml").write_text(FLEET)
     port = free_port()
     r = edgefl("broker", "config", "--devices", root / "fleet.yaml", "-o", root / "deploy", "--port", port,
-               "--bind", "127.0.0.1")
+               "--bind", "127.0.0.1", "--plain")
     assert r.returncode == 0, r.stderr
     with (root / "broker.log").open("w") as log:      # a file: amqtt logs a traceback per MQTT 5 try it dropped
         proc = subprocess.Popen([sys.executable, "-m", "edgefl", "broker", "up", "--config", str(root / "deploy"),
@@ -45,7 +45,7 @@ def test_the_wire_falls_back_to_mqtt_311_and_says_so_once(embedded, tmp_path, ca
     deploy, url, _ = embedded
     caplog.set_level(logging.DEBUG, logger="edgefl.transport")
     t0 = time.monotonic()
-    coordinator = MqttWire(url, "edgefl-coordinator", credentials=deploy / "credentials" / "coordinator.json")
+    coordinator = MqttWire(url, "coordinator", credentials=deploy / "credentials" / "coordinator.json")
     assert time.monotonic() - t0 < 10          # within the connect timeout, both tries together
     link = MqttLink(url, DEVICES[0], deploy / "credentials" / f"{DEVICES[0]}.json", tmp_path / "cache")
     try:

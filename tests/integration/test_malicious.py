@@ -36,7 +36,7 @@ def _serve(run: ServedRun, fleet: Path, state: Path, wait_online: float) -> list
 
 def _upload_bytes(state: Path) -> int:
     """What an honest upload holds: the set's trained tensors as one float32 buffer."""
-    [manifest] = (state / "artifacts").glob("*/manifest.json")
+    manifest = next((state / "artifacts").glob("*/v*/manifest.json"))     # every weights version alike
     return sum(4 * int(np.prod(t["shape"])) for t in json.loads(manifest.read_text())["trainable"])
 
 
@@ -70,6 +70,8 @@ def test_every_bad_report_is_refused_and_the_model_ends_as_without_the_attacker(
         1: {"evil-0": ["uploaded tensors it was not asked to train: layers.0.0.weight.renamed",
                        "upload rejected: no instruction for round 2 has been sent yet"],
             "intruder": ["upload rejected: intruder was not sent an instruction for round 1"]},
+        # round 2's replay of pi-0's accepted upload byte for byte is that same upload (its name): taken once;
+        # under another name it is a second report of pi-0
         2: {"evil-0": ["tensor layers.0.0.weight has shape (25, 32), expected (32, 1, 5, 5)",
                        "upload rejected: round 1 is closed"],
             "pi-0": ["pi-0: duplicate report for round 2"]},

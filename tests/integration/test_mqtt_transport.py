@@ -85,6 +85,33 @@ def test_an_instruction_waits_in_the_session_while_the_device_and_the_broker_are
         broker.stop()
 
 
+def test_group_artifacts_a_restarted_broker_lost_are_published_again(tmp_path):
+    """A broker killed soon after the coordinator published a group's artifact keeps only what it had saved of
+    the retained messages (here nothing: no persistence). Reconnected, the coordinator publishes them again, so
+    the group's device reads them from the group's topics instead of waiting out its group wait (set to 60 s
+    here, past the fetch's 20 s) before it asks the coordinator."""
+    broker = Mosquitto(tmp_path / "broker").start()
+    try:
+        server = MqttTransport(broker.url, chunk_size=CHUNK)
+        server.share_by_group({"pi": "A"})
+        data = os.urandom(8 * CHUNK)
+        artifact = server.ship("pi", data, name="program")
+        assert server.wire.flush(5) and server.artifacts.group_chunks_published == 8
+        broker.stop()
+        broker.start()
+        wait_until(lambda: server.wire.connected)
+        wait_until(lambda: server.artifacts.group_chunks_published == 16)      # all 8 again
+        link = MqttLink(broker.url, "pi", None, tmp_path / "cache", stall_s=1.0, group_wait_s=60.0)
+        server.send(instruction(), {})
+        link.next_instruction(timeout_s=10)
+        assert link.fetch(artifact, timeout_s=20).read_bytes() == data
+        assert server.artifacts.chunks_sent == 0          # none sent to the device itself
+        link.close()
+        server.close()
+    finally:
+        broker.stop()
+
+
 def test_a_fetch_survives_a_broker_restart(tmp_path):
     broker = Mosquitto(tmp_path / "broker", persistence=True).start()
     try:

@@ -88,7 +88,7 @@ def test_four_devices_three_runtimes_two_rounds(tmp_path):
 
 def _trained_tensor_bytes(artifacts: Path) -> int:
     sizes = set()
-    for manifest in artifacts.glob("*/manifest.json"):
+    for manifest in artifacts.glob("*/v*/manifest.json"):     # <set>/v<weights version>/
         m = json.loads(manifest.read_text())
         sizes.add(sum(4 * int(np.prod(t["shape"])) for t in m["trainable"]))
     assert len(sizes) == 1, sizes       # every group trains layers 1..3 of the same CNN
@@ -99,7 +99,7 @@ def _prefix_bytes(artifacts: Path) -> dict[str, int]:
     runtime_of_group = {"pi": "ort", "phone": "executorch", "laptop": "torch"}
     out = {}
     for group, runtime in runtime_of_group.items():
-        folder = next(artifacts.glob(f"*-{runtime}-*"))
+        folder = next(artifacts.glob(f"*-{runtime}-*/v*"))
         m = json.loads((folder / "prefix" / "manifest.json").read_text())
         out[group] = sum(f["bytes"] for f in m["files"])
     return out
@@ -177,7 +177,8 @@ def test_two_groups_get_their_sets_once_per_group(tmp_path):
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
         assert r["aggregated"] and r["participating_devices"] == {"east": 2, "west": 2}, (r["failed"], r["missing"])
-    [folder] = (tmp_path / "state" / "artifacts").glob("*-ort-*")     # one config: both groups train it
+    [set_folder] = (tmp_path / "state" / "artifacts").glob("*-ort-*")     # one config: both groups train it
+    folder = max(set_folder.glob("v*"), key=lambda p: int(p.name[1:]))     # the last weights version
     files = {p.relative_to(folder): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
     whole = sum(files.values())
     manifest = json.loads((folder / "manifest.json").read_text())

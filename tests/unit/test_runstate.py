@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from edgefl.errors import ConfigError
+from edgefl.errors import StorageError
 from edgefl.messages import DeviceReport
 from edgefl.server.runstate import RunState
 
@@ -53,5 +53,5 @@ def test_corrupt_state_is_a_one_line_error(tmp_path):
     state = RunState(tmp_path)
     state.save(1, {"w": np.zeros(1)}, Step(), [])
     (tmp_path / "weights-1.npz").write_bytes(b"not a zip")
-    with pytest.raises(ConfigError, match="unreadable run state"):
+    with pytest.raises(StorageError, match="weights-1.npz: does not match its sha256 in .*checkpoint.json"):
         state.load()

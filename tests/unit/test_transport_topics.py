@@ -13,8 +13,11 @@ SHA = "ab" * 32
     (topics.artifact_manifest("pi-1", SHA), topics.Topic("manifest", "pi-1", sha=SHA)),
     (topics.artifact_chunk("pi-1", SHA, 12), topics.Topic("chunk", "pi-1", sha=SHA, seq=12)),
     (topics.ack("pi-1"), topics.Topic("ack", "pi-1")),
-    (topics.result_meta("pi-1", 3), topics.Topic("result_meta", "pi-1", round=3)),
-    (topics.result_chunk("pi-1", 3, 0), topics.Topic("result_chunk", "pi-1", round=3, seq=0)),
+    (topics.result_meta("pi-1", 3, "0123456789abcdef"), topics.Topic("result_meta", "pi-1", round=3,
+                                                                    upload="0123456789abcdef")),
+    (topics.result_chunk("pi-1", 3, "0123456789abcdef", 0), topics.Topic("result_chunk", "pi-1", round=3, seq=0,
+                                                                        upload="0123456789abcdef")),
+    (topics.receipt("pi-1"), topics.Topic("receipt", "pi-1")),
     (topics.metrics("pi-1"), topics.Topic("metrics", "pi-1")),
     (topics.presence("pi-1"), topics.Topic("presence", "pi-1")),
     (topics.BROADCAST_ROUND, topics.Topic("broadcast")),
@@ -39,7 +42,7 @@ def test_filters_match_as_mqtt_does():
     assert not topics.matches(down, topics.instruction("pj"))
     assert topics.matches(broadcast, topics.BROADCAST_ROUND)
     assert all(any(topics.matches(f, t) for f in topics.COORDINATOR_FILTERS)
-               for t in (topics.ack("pi"), topics.result_chunk("pi", 1, 2), topics.presence("pi")))
+               for t in (topics.ack("pi"), topics.result_chunk("pi", 1, "0" * 16, 2), topics.presence("pi")))
     assert not any(topics.matches(f, topics.instruction("pi")) for f in topics.COORDINATOR_FILTERS)
     assert topics.matches(topics.group_chunks("lab", SHA), topics.group_chunk("lab", SHA, 7))
     assert not topics.matches(topics.group_chunks("lab", SHA), topics.group_manifest("lab", SHA))
