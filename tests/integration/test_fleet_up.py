@@ -134,6 +134,9 @@ def test_a_second_fleet_up_of_the_same_devices_is_refused_saying_which_process_h
             agent = next(p for p in os.listdir("/proc") if p.isdigit() and b"--id\0lab-0" in _cmdline(p)
                          and str(broker.port).encode() in _cmdline(p))
             log = tmp_path / "a" / "fleet" / "logs" / "lab-0.log"
+            deadline = time.monotonic() + 60     # it says so just after its presence is out: a loaded machine lags
+            while "online at" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
             before = log.read_text()
             # the same work folder: refused at once
             again = fleet_up(tmp_path / "a", fleet, broker.url)
