@@ -16,7 +16,7 @@ from typing import Mapping
 
 from edgefl.broker.acl import fleet_acl, render_acl
 from edgefl.broker.credentials import CredentialChanges, sync_credentials
-from edgefl.broker.files import owner, write_file
+from edgefl.broker.files import owner, unignored_in_git, write_file
 from edgefl.broker.launch import find_mosquitto
 from edgefl.broker.mosquitto_conf import (ACL_FILE, DATA_DIR, PASSWORD_FILE, TLS_DIR, ListenerSettings, check_port,
                                           packet_limit, render_conf)
@@ -107,4 +107,8 @@ def _write(folder, fleet_name, acl, listener, limit, tls_hosts, rotate) -> list[
     if os.getuid() == 0:
         lines.append("note: these files belong to root, so the broker runs as root; write them as an "
                      "unprivileged user (e.g. mosquitto) to run it without root")
+    if (tree := unignored_in_git(folder, folder / PASSWORD_FILE)) is not None:
+        keys = " and the TLS keys" if (folder / TLS_DIR).is_dir() else ""
+        lines.append(f"warning: {folder} holds every login{keys} inside the git work tree {tree}, which does not "
+                     f"ignore it: add '/{os.path.relpath(folder.resolve(), tree)}/' to {tree}/.gitignore before 'git add'")
     return lines

@@ -1,8 +1,10 @@
 """The device agent: wait for instructions, fetch what they need, train, report what it really used.
 
 For every instruction:
-  1. refuse it, with the reason, when its predicted peak memory exceeds the memory this device declared
-     (the coordinator should never send one; a device does not trust that it did not);
+  1. refuse it, with the reason, when its predicted peak memory exceeds the memory this device grants (the
+     coordinator should never send one; a device does not trust that it did not): the memory it declared
+     (`--memory`), else its fleet group's budget, which the coordinator sends with every instruction (the
+     budget the plan fits), else its hardware profile's default;
   2. fetch the artifact set (`DeviceLink.fetch_artifact`: only files the sha256 cache lacks travel, every
      one verified; a frozen prefix is fetched once per weights version), and check the local data against
      it (per-example shape, dtype, targets per example, labels within its classes): data it cannot take
@@ -49,18 +51,20 @@ SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) i
 
 class DeviceAgent:
     def __init__(self, link, device_id: str, data: Path, runtime: str, *, memory_bytes: Optional[int] = None,
-                 meter: Optional[Callable[[], Any]] = None, threads: int = 1, fetch_timeout_s: float = 600.0,
-                 train_timeout_s: Optional[float] = None, enforce_memory: bool = False, trainer: str = "auto",
-                 log: Callable[[str], None] = lambda line: None):
+                 profile_memory_bytes: Optional[int] = None, meter: Optional[Callable[[], Any]] = None,
+                 threads: int = 1, fetch_timeout_s: float = 600.0, train_timeout_s: Optional[float] = None,
+                 enforce_memory: bool = False, trainer: str = "auto", log: Callable[[str], None] = lambda line: None):
         """`meter()`: a fresh energy meter (start/stop -> reading with to_json()); `memory_bytes`: the peak
-        training memory this device grants (instructions predicted above it are refused; with
-        `enforce_memory` the training process is also killed if it goes over, as an OOM killer would);
+        training memory this device declares it grants (`--memory`), else its group's budget from each
+        instruction, else `profile_memory_bytes` (`memory_for`): instructions predicted above it are refused,
+        and with `enforce_memory` the training process is also killed if it goes over, as an OOM killer would;
         `trainer`: auto | native | python (edgefl.device_runtime.native.choose)."""
-        if enforce_memory and memory_bytes is None:
+        if enforce_memory and memory_bytes is None and profile_memory_bytes is None:
             raise ConfigError("--enforce-memory needs the device's memory (--memory or a --profile)")
         self.enforce_memory = enforce_memory
         self.link, self.device_id, self.data, self.runtime = link, device_id, Path(data), runtime
         self.memory_bytes, self.meter, self.threads = memory_bytes, meter, threads
+        self.profile_memory_bytes = profile_memory_bytes
         self.fetch_timeout_s, self.train_timeout_s, self.log = fetch_timeout_s, train_timeout_s, log
         self.native = choose(runtime, trainer)
         self.rounds_done = 0
@@ -73,7 +77,9 @@ class DeviceAgent:
         from edgefl.device_runtime.info import device_info
 
         info = device_info()
-        return {"runtime": self.runtime, "memory_bytes": self.memory_bytes, "ram_bytes": psutil.virtual_memory().total,
+        # memory_bytes: what it declared (None: each round, its group's budget; the profile's without one)
+        return {"runtime": self.runtime, "memory_bytes": self.memory_bytes,
+                "profile_memory_bytes": self.profile_memory_bytes, "ram_bytes": psutil.virtual_memory().total,
                 "cpu_count": info["cpu_count"], "machine": platform.machine(), "python": info["python"],
                 "runtimes": info["runtimes"], "trainer": "native" if self.native else "python", **(extra or {})}
 
@@ -99,6 +105,15 @@ class DeviceAgent:
             self.log(f"round {report.round}: {report.status}"
                      + (f" ({report.reason})" if report.reason else f", loss {report.loss_after:.4f}"))
 
+    def memory_for(self, instruction) -> tuple[Optional[int], str]:
+        """(the memory this round may use, where that figure comes from): --memory where declared, else the
+        group's budget the instruction carries, else the profile's default."""
+        if self.memory_bytes is not None:
+            return self.memory_bytes, "declared with --memory"
+        if (group := instruction.option("memory_budget_bytes")) is not None:
+            return int(group), "its group's budget"
+        return self.profile_memory_bytes, "its profile's default"
+
     def check_data(self, artifacts: ArtifactSet) -> None:
         """The local data fits the set, or a ConfigError naming the data file. Its headers and labels only:
         x's values were checked when the agent started (run_cmd), and the Python trainer checks them again as
@@ -117,9 +132,9 @@ class DeviceAgent:
         t0 = time.perf_counter()
         report = DeviceReport(round=ins.round, device_id=self.device_id, config_hash=ins.config_hash, status="failed")
         predicted = ins.option("predicted_peak_bytes")
-        if self.memory_bytes is not None and predicted is not None and predicted > self.memory_bytes:
-            report.reason = (f"refused: predicted peak {predicted} B exceeds this device's declared memory "
-                             f"{self.memory_bytes} B")
+        memory, source = self.memory_for(ins)
+        if memory is not None and predicted is not None and predicted > memory:
+            report.reason = f"refused: predicted peak {predicted} B exceeds this device's memory {memory} B ({source})"
             return report, None
         if SET_ROLE not in assignment.artifacts:
             report.reason = f"refused: the instruction names no artifact set (roles: {sorted(assignment.artifacts)})"
@@ -148,7 +163,7 @@ class DeviceAgent:
             meter = self.meter() if self.meter else None
             if meter:
                 meter.start()
-            cap = MemoryCap(self.memory_bytes, f"edgefl-{self.device_id}") if self.enforce_memory else None
+            cap = MemoryCap(memory, f"edgefl-{self.device_id}") if self.enforce_memory and memory else None
             try:
                 if self.native is not None:
                     argv = trainer_argv(self.native, folder, self.data, out, lr=ins.lr, seed=ins.seed,
@@ -171,6 +186,7 @@ class DeviceAgent:
             report.peak_rss_bytes = (child.result or {}).get("peak_rss_bytes") or child.max_rss_bytes
             # the cache keeps the set just trained and what its budget allows of the rest
             report.metrics = {"max_rss_bytes": child.max_rss_bytes, "runtime": self.runtime,
+                              "memory_budget": {"bytes": memory, "source": source, "enforced": cap is not None},
                               "cache_bytes": self.link.cache.trim(keep=folder)}
             if energy is not None:
                 report.metrics["energy"] = energy.to_json()

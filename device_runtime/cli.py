@@ -7,6 +7,7 @@ import json
 import sys
 
 from edgefl.device_runtime import run_cmd, train_cmd
+from edgefl.device_runtime.help_format import Help
 from edgefl.device_runtime.info import device_info, version
 from edgefl.errors import EdgeflError
 
@@ -33,18 +34,30 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="edgefl-device", description="edgefl device agent")
+def parser() -> argparse.ArgumentParser:
+    """edgefl-device's commands and their options."""
+    parser = argparse.ArgumentParser(
+        prog="edgefl-device", formatter_class=Help, epilog="'edgefl-device --id ID --broker URL ...' (no command) "
+        "means 'edgefl-device run --id ID --broker URL ...'; 'edgefl-device COMMAND --help' shows a command's options.",
+        description="The edgefl device agent: join a coordinator and train what it sends (run), train one artifact "
+                    "set on local data (train), show what this device offers (info), build the native trainer.")
     parser.add_argument("--version", action=_Version, help="print the edgefl version and exit")
-    sub = parser.add_subparsers(dest="command", required=True)
-    info = sub.add_parser("info", help="what this device offers: memory, cores, installed runtimes")
-    info.add_argument("--format", choices=("table", "json"), default="table")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = sub.add_parser("info", help="what this device offers: memory, cores, installed runtimes",
+                          formatter_class=Help)
+    info.add_argument("--format", choices=("table", "json"), default="table", help="a table to read, or JSON")
     train_cmd.add_parser(sub)
     run_cmd.add_parser(sub)
-    build = sub.add_parser("build-native", help="build the native ExecuTorch trainer (edgefl-et-train) with cmake")
+    build = sub.add_parser("build-native", help="build the native ExecuTorch trainer (edgefl-et-train) with cmake",
+                           formatter_class=Help)
     build.add_argument("--target", help="linux-x86_64 | linux-aarch64 (cross-built; default: this machine)")
-    build.add_argument("-o", "--output", help="build folder (default: the device cache, where agents find it)")
-    args = parser.parse_args(run_cmd.main_argv(sys.argv[1:] if argv is None else argv))
+    build.add_argument("-o", "--output", metavar="DIR",
+                       help="build folder (default: the device cache, where agents find it)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(run_cmd.main_argv(sys.argv[1:] if argv is None else argv))
     if args.command in ("train", "run", "build-native"):
         try:
             if args.command == "build-native":

@@ -164,9 +164,11 @@ def open_local_data(path: Path) -> tuple[Rows, Rows]:
         raise ConfigError(f"--data {path}: {Path(exc.filename).name if exc.filename else path} not found; "
                           f"{HINT}") from None
     targets = int(np.prod(y.shape, dtype=np.int64))
-    if len(x) == 0 or targets % len(x):
-        raise ConfigError(f"{y.name if len(x) else x.name}: x has {len(x)} examples and y {targets} targets; y "
-                          "needs a whole number of targets per example")
+    if len(x) == 0:
+        raise ConfigError(f"--data {x.name}: no examples (x has 0 rows); a device trains on at least one: {HINT}")
+    if targets % len(x):
+        raise ConfigError(f"{y.name}: x has {len(x)} examples and y {targets} targets; y needs a whole number of "
+                          "targets per example")
     if len(y.shape) > 1 and y.shape[0] != len(x):
         raise ConfigError(f"{y.name}: {y.shape[0]} rows of targets, x has {len(x)} examples; give y one row of "
                           "targets per example of x")

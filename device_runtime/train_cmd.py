@@ -27,20 +27,26 @@ from edgefl.errors import ConfigError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train one artifact set on local data and report what it cost")
-    p.add_argument("--artifacts", required=True, type=Path, help="artifact set folder (holds manifest.json)")
-    p.add_argument("--data", required=True, type=Path, help="folder with x.npy and y.npy, or an .npz with x and y")
-    p.add_argument("--steps", type=int, default=20)
+    from edgefl.device_runtime.help_format import Help
+
+    p = sub.add_parser("train", help="train one artifact set on local data and report what it cost",
+                       description="Train one artifact set on local data in a fresh process and report loss, peak "
+                                   "memory beside the predicted peak, and time.", formatter_class=Help)
+    p.add_argument("--artifacts", required=True, type=Path, metavar="DIR", help="artifact set folder (holds "
+                                                                                "manifest.json)")
+    p.add_argument("--data", required=True, type=Path, metavar="PATH",
+                   help="folder with x.npy and y.npy, or an .npz with x and y")
+    p.add_argument("--steps", type=int, default=20, metavar="N", help="training steps")
     p.add_argument("--runtime", choices=("ort", "executorch", "torch"), help="default: the artifact's backend")
     p.add_argument("--trainer", choices=("auto", "native", "python"), default="auto",
                    help="ExecuTorch sets: the native trainer (auto, built with 'edgefl-device build-native') or the "
                         "Python reference trainer (imports torch)")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--eval-examples", type=int, default=256,
+    p.add_argument("--lr", type=float, default=0.05, metavar="X", help="learning rate")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the batches drawn")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="threads the training process uses")
+    p.add_argument("--eval-examples", type=int, default=256, metavar="N",
                    help="examples the loss before/after is measured on (0: skip, peak RSS of training alone)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="a table to read, or JSON")
 
 
 def train(args: argparse.Namespace) -> dict:

@@ -220,7 +220,7 @@ def _describe(exc: ValidationError) -> str:
     if shown and repr(err["input"]) in msg:
         got = ""
     fix = ""
-    if field in _SIZE_EXAMPLE and "e.g." not in msg:
+    if field in _SIZE_EXAMPLE and "e.g." not in msg and "write " not in msg:   # units says how to write it
         fix = f"; write e.g. {_SIZE_EXAMPLE[field]}"
     elif err["type"] == "string_type":
         fix = "; quote it"

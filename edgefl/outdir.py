@@ -7,14 +7,18 @@ of command wrote (`ours`): a mistyped -o pointing at a home or source folder is 
 `write_atomic` writes a file beside its place and renames it there: a reader (or a resumed run) sees the
 old file or the new one, never half of one; on a full disk nothing is left behind and the error names the
 folder and the space the file needed.
+
+What a process must not share while it runs (a `fleet up`'s work folder, a device id at a broker) it holds with
+`exclusive`: a lock file holding its pid, released when the process ends however it ends.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from edgefl.errors import ConfigError, StorageError
 from edgefl.units import format_bytes
@@ -46,6 +50,24 @@ def _sample(folder: Path) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
+def exclusive(path: Path, refusal: Callable[[str], str]) -> IO[str]:
+    """A lock on `path` held until the returned file is closed (it is a context manager) or this process ends;
+    ConfigError(refusal(the holder's pid)) when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(path, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise ConfigError(refusal(holder)) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 def write_atomic(path: Path, data: bytes | Callable[[Path], None], durable: bool = True) -> None:
     """`data` as the file `path`, whole or not at all (temp file + rename; `durable`: synced first, so a crash
     right after leaves the new file); `data` may be a function that writes the file it is given. StorageError,
@@ -68,6 +90,9 @@ def write_atomic(path: Path, data: bytes | Callable[[Path], None], durable: bool
         size = tmp.stat().st_size if tmp.exists() else 0
         tmp.unlink(missing_ok=True)
         raise storage_error(path, exc, len(data) if isinstance(data, bytes) else size) from None
+    except BaseException:      # Ctrl-C, or SIGTERM on serve, mid-write: no temporary file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def storage_error(path: Path, exc: OSError, needed: int = 0) -> StorageError:

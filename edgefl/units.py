@@ -1,7 +1,9 @@
 """Parse and print quantities: bytes, FLOPs, watts, bit rates; and lists of names, cut to a few.
 
 Decimal prefixes (k, M, G, T) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) powers of 1024,
-as in IEC 80000-13. A bare number is taken in the base unit.
+as in IEC 80000-13. A bare number is taken in the base unit. A size is in bytes (B): a size written in bits
+('4Mb', megabits: 488 KiB) or with a lower-case prefix ('128 mb') is refused with the spelling it most likely
+meant, never read as something else.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ _PATTERN = re.compile(_NUMBER + r"\s*(?P<prefix>Ki|Mi|Gi|Ti|[kKMGTP]?)(?P<unit>[
 
 # unit spellings accepted for each quantity, and the factor to the base unit
 _UNITS: dict[str, dict[str, float]] = {
-    "bytes": {"": 1, "B": 1, "byte": 1, "bytes": 1, "b": 0.125, "bit": 0.125},
+    "bytes": {"": 1, "B": 1, "byte": 1, "bytes": 1},
     "flops": {"": 1, "FLOP": 1, "FLOPs": 1, "FLOPS": 1, "flop": 1, "flops": 1},
     "watts": {"": 1, "W": 1, "w": 1},
     "bits_per_second": {"": 1, "bit/s": 1, "bps": 1, "b/s": 1, "bits/s": 1, "B/s": 8},
@@ -39,6 +41,8 @@ def _parse(text: str | int | float, quantity: str) -> float:
         units = _UNITS[quantity]
         unit = m["unit"]
         if unit not in units:
+            if quantity == "bytes":
+                raise ValueError(_size_fix(text, m["num"], m["prefix"], unit))
             raise ValueError(f"unknown unit {unit!r} in {text!r} (use one of: "
                              f"{', '.join(u for u in units if u)})")
         binary = m["prefix"] in ("Ki", "Mi", "Gi", "Ti")
@@ -55,8 +59,26 @@ def _parse(text: str | int | float, quantity: str) -> float:
     return value
 
 
+_BITS = {"b", "bit", "bits"}
+_PREFIX_NAME = {"": "", "k": "kilo", "K": "kilo", "M": "mega", "G": "giga", "T": "tera", "P": "peta", "Ki": "kibi",
+                "Mi": "mebi", "Gi": "gibi", "Ti": "tebi"}
+
+
+def _size_fix(text, number: str, prefix: str, unit: str) -> str:
+    """Why `text` is no size in bytes, and the spellings it most likely meant ('4Mb' -> 4MB or 4MiB)."""
+    letter = (prefix or unit[:1]).upper().replace("I", "")[:1]
+    if letter not in ("K", "M", "G", "T"):
+        letter = ""
+    meant = (f"write {number}{letter.replace('K', 'k')}B or {number}{letter}iB" if letter
+             else f"e.g. {number}MB or {number}MiB")
+    if unit in _BITS:
+        return f"{text!r} is in {_PREFIX_NAME.get(prefix, '')}bits; a size is in bytes: {meant}"
+    return (f"unknown unit {unit!r} in {text!r}; a size is in bytes (B) with a decimal (kB, MB, GB, TB) or binary "
+            f"(KiB, MiB, GiB, TiB) prefix: {meant}")
+
+
 def parse_bytes(text: str | int | float) -> int:
-    """'512MiB' -> 536870912, '1.5GB' -> 1500000000, '8Mbit' -> 1000000."""
+    """'512MiB' -> 536870912, '1.5GB' -> 1500000000; '4Mb' (bits) is refused."""
     return int(round(_parse(text, "bytes")))
 
 

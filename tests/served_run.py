@@ -34,10 +34,11 @@ class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
     def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
-                 cache_budget: Optional[str] = None):
+                 fleet_options: tuple[str, ...] = (), cache_budget: Optional[str] = None):
+        """`fleet_options`: more options of `edgefl fleet up` (--enforce-memory); `cache_budget`: each agent's
+        --cache-budget."""
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
-        self.cache_budget = cache_budget
-        self.train_limit = train_limit
+        self.train_limit, self.fleet_options, self.cache_budget = train_limit, fleet_options, cache_budget
         self.broker = Mosquitto(folder / "broker", persistence=True)
         self.devices: Optional[subprocess.Popen] = None
 
@@ -46,7 +47,7 @@ class ServedRun:
         self.devices = subprocess.Popen(
             edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
                    "--train-limit", str(self.train_limit), "--seed", str(self.seed),
-                   "--workdir", str(self.folder / "fleet"),
+                   "--workdir", str(self.folder / "fleet"), *self.fleet_options,
                    *(("--cache-budget", self.cache_budget) if self.cache_budget else ())),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         return self

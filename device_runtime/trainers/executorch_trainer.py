@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgefl.device_runtime.trainers.base import IGNORE_INDEX, ArtifactTrainer, in_chunks
+from edgefl.device_runtime.trainers.base import IGNORE_INDEX, ArtifactTrainer, in_chunks, read_npz
 from edgefl.errors import ArtifactError, ConfigError
 from edgefl.manifest import ArtifactSet, TensorEntry
 
@@ -33,6 +33,15 @@ def _load(path: Path, data: Path | None = None):
         return et._load_program(str(path), data_path=None if data is None else str(data))
     except RuntimeError as exc:
         raise ArtifactError(f"{path}: ExecuTorch cannot load the program ({exc}); re-export it") from None
+
+
+def _method(program, name: str, path: Path):
+    """A method of a loaded program: a damaged file can load as a program and fail only here."""
+    try:
+        return program.load_method(name)
+    except RuntimeError as exc:
+        raise ArtifactError(f"{path}: ExecuTorch cannot load its method {name!r} ({exc}); the file is damaged or "
+                            "from another ExecuTorch version: copy the set again or re-export it") from None
 
 
 def _pad(arrays, rows: int) -> list:
@@ -56,15 +65,16 @@ class ExecuTorchTrainer(ArtifactTrainer):
         self.rows = int(m.extra["batch"])
         self.prefix = None
         if artifacts.prefix is not None:
-            self.prefix = _load(artifacts.prefix_folder / artifacts.prefix.file("model")).load_method("forward")
+            prefix = artifacts.prefix_folder / artifacts.prefix.file("model")
+            self.prefix = _method(_load(prefix), "forward", prefix)
             self.prefix_rows = int(artifacts.prefix.extra["batch"])
-        self.program = _load(folder / m.file("program"), folder / m.file("weights"))
-        self.method = self.program.load_method("forward")
+        program = folder / m.file("program")
+        self.program = _load(program, folder / m.file("weights"))
+        self.method = _method(self.program, "forward", program)
         key = m.extra["prefix"]
-        self.order = [name[len(key):] for name in self.program.load_method(FQN_METHOD).call([])]
+        self.order = [name[len(key):] for name in _method(self.program, FQN_METHOD, program).call([])]
         self.params = {name: self.method.get_attribute(key + name) for name in self.order}
-        with np.load(folder / m.file("statistics")) as state:
-            buffers = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+        buffers = {k: torch.from_numpy(v) for k, v in read_npz(folder / m.file("statistics")).items()}
         self.stats = [buffers[k] for k in m.extra["statistics"]]
         self.counters = {e.local: buffers[e.local] for e in m.trainable if e.kind == "counter"}
         trained = [self.params[name] for name in self.order]

@@ -51,19 +51,29 @@ def session_options(threads: int):
     return options
 
 
+def inference_session(path, threads: int):
+    """An inference session over the graph at `path`, or an ArtifactError naming it: onnxruntime raises its own
+    exception types (InvalidProtobuf, Fail: plain Exceptions) for a file it cannot read."""
+    import onnxruntime
+
+    try:
+        return onnxruntime.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime's error types share no base class of their own
+        raise ArtifactError(f"{path}: ONNX Runtime cannot load the graph ({str(exc).splitlines()[0]}); copy the set "
+                            "again or re-export it") from None
+
+
 class OrtTrainer(ArtifactTrainer):
     runtime = "ort"
 
     def __init__(self, artifacts: ArtifactSet, threads: int = 1):
         super().__init__(artifacts, threads)
         api = training_api()   # first: it must run before anything imports onnxruntime
-        import onnxruntime
 
         m, folder = self.manifest, artifacts.folder
         self.prefix = None
         if artifacts.prefix is not None:
-            self.prefix = onnxruntime.InferenceSession(str(artifacts.prefix_folder / artifacts.prefix.file("model")),
-                                                       session_options(threads), providers=["CPUExecutionProvider"])
+            self.prefix = inference_session(artifacts.prefix_folder / artifacts.prefix.file("model"), threads)
         try:
             self.state = api.CheckpointState.load_checkpoint(str(folder / m.file("checkpoint")))
             self.module = api.Module(str(folder / m.file("training_model")), self.state,
@@ -151,12 +161,8 @@ class OrtTrainer(ArtifactTrainer):
                 np.subtract(ws, step, out=ws)
 
     def eval_batch(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-        import onnxruntime
-
         if self._eval is None:
-            path = self.artifacts.folder / self.manifest.file("eval_model")
-            self._eval = onnxruntime.InferenceSession(str(path), session_options(self.threads),
-                                                      providers=["CPUExecutionProvider"])
+            self._eval = inference_session(self.artifacts.folder / self.manifest.file("eval_model"), self.threads)
         if self._eval_state[0] != self.steps:   # the state's tensors as of this step, read once per evaluation
             names = [i.name for i in self._eval.get_inputs()[len(self.manifest.inputs):]]
             self._eval_state = (self.steps, {n: self.state.parameters[n].data for n in names})

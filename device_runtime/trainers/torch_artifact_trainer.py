@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from edgefl.device_runtime.trainers.base import ArtifactTrainer, in_chunks
+from edgefl.device_runtime.trainers.base import ArtifactTrainer, in_chunks, read_npz
 from edgefl.errors import ArtifactError
 from edgefl.manifest import ArtifactSet, TensorEntry
 
@@ -37,8 +37,7 @@ class TorchArtifactTrainer(ArtifactTrainer):
             self.prefix = _load(artifacts.prefix_folder / artifacts.prefix.file("model"))
         self.train_program = _load(folder / m.file("training_program"))
         self.eval_program = None
-        with np.load(folder / m.file("weights")) as weights:
-            state = {k: torch.from_numpy(np.array(v)) for k, v in weights.items()}
+        state = {k: torch.from_numpy(v) for k, v in read_npz(folder / m.file("weights")).items()}
         self.train_program.load_state_dict(state, strict=True)
         params = dict(self.train_program.named_parameters())
         trained = [params[e.local] for e in m.trainable if e.kind == "parameter"]

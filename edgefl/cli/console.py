@@ -96,8 +96,8 @@ def _layers(config) -> str:
 
 
 def plan_tables(plan: Plan, console: Console) -> None:
-    console.print(f"[bold]{plan.method}[/] on [bold]{plan.model.label()}[/]: {plan.rounds} rounds, batch "
-                  f"{plan.batch_size}, {plan.optimizer}")
+    console.print(f"[bold]{plan.method}[/] on [bold]{plan.model.describe()}[/]: {plan.rounds} "
+                  f"round{'s' * (plan.rounds != 1)}, batch {plan.batch_size}, {plan.optimizer}")
     for name, g in plan.groups.items():
         budget = format_bytes(g.memory_budget_bytes)
         extra = "".join([f", upload {format_bytes(g.upload_budget_bytes)}" if g.upload_budget_bytes else "",
@@ -111,17 +111,36 @@ def plan_tables(plan: Plan, console: Console) -> None:
         table = Table(title=title, title_justify="left")
         for col in ("rounds", "step", "frozen prefix", "trained layers", "head width", "peak memory",
                     "upload", "FLOPs/sample", "fits"):
-            table.add_column(col, justify="right" if col not in ("step", "trained layers") else "left")
-        for s in g.steps:
-            c, p = s.config, s.predicted
-            width = f"{c.head_width:g} from {c.head_start}" if c.head_width < 1 else "1"
-            table.add_row(f"{s.rounds[0]}-{s.rounds[1]}", s.label, str(c.frozen_prefix), _layers(c), width,
-                          format_bytes(p.peak_memory_bytes), format_bytes(p.upload_bytes),
-                          format_flops(p.flops_per_sample), "yes" if p.peak_memory_bytes <= g.memory_budget_bytes else "NO")
+            table.add_column(col, justify="right" if col not in ("step", "trained layers", "fits") else "left")
+        for _, row in sorted(_step_rows(g) + _sit_out_rows(g)):
+            table.add_row(*row)
         console.print(table)
+        for out in g.sits_out:
+            console.print(f"  [yellow]{name} sits out {out.describe()}[/]")
         console.print(f"  smallest budget that lets {name} take part: {format_bytes(g.min_memory_bytes)}")
     for note in plan.notes:
         console.print(f"[dim]note: {note}[/]")
+
+
+def _step_rows(g) -> list[tuple[int, list[str]]]:
+    """(first round, table row) per step: its config, predicted cost and whether it fits every budget."""
+    from edgefl.planning.plan import violations
+
+    rows = []
+    for s in g.steps:
+        c, p = s.config, s.predicted
+        width = f"{c.head_width:g} from {c.head_start}" if c.head_width < 1 else "1"
+        bad = violations(p, g, c)
+        rows.append((s.rounds[0], [f"{s.rounds[0]}-{s.rounds[1]}", s.label, str(c.frozen_prefix), _layers(c), width,
+                                   format_bytes(p.peak_memory_bytes), format_bytes(p.upload_bytes),
+                                   format_flops(p.flops_per_sample), "NO: " + "; ".join(bad) if bad else "yes"]))
+    return rows
+
+
+def _sit_out_rows(g) -> list[tuple[int, list[str]]]:
+    """(first round, table row) per sit-out: nothing trains, and the budgets that keep the group out."""
+    return [(o.rounds[0], [f"{o.rounds[0]}-{o.rounds[1]}", "sits out", "-", "-", "-", "-", "-", "-", f"no: {o.reason}"])
+            for o in g.sits_out]
 
 
 def cost_table(cost: Cost, measured: dict | None, console: Console, title: str) -> None:

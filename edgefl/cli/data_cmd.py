@@ -21,8 +21,9 @@ def export_share(
     output: Path = typer.Option(..., "-o", "--output", help="folder to write x.npy, y.npy and share.json into"),
     clients: int = typer.Option(10, "--clients", min=1, help="how many clients share the data (not for natural)"),
     split: str = typer.Option("train", "--split", help="train | test"),
-    seed: int = typer.Option(0, "--seed"),
-    data_root: Optional[Path] = typer.Option(None, "--data-root"),
+    seed: int = typer.Option(0, "--seed", help="the seed 'edgefl emulate --seed' splits with"),
+    data_root: Optional[Path] = typer.Option(None, "--data-root", metavar="DIR", help="where local copies of data sets "
+                                             "live (default: $EDGEFL_DATA, else ~/.local/share/edgefl)"),
 ):
     """Write one client's examples (x.npy, y.npy) and where they came from (share.json)."""
     from edgefl.cli.console import stdout

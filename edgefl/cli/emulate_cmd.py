@@ -24,12 +24,11 @@ RunFolder = Annotated[Path, typer.Option("-o", "--output", help="run folder, e.g
 
 
 def emulate(devices: o.Devices, model: o.Model, dataset: o.Dataset, method: o.Method,
-            rounds: Annotated[int, typer.Option("--rounds", min=1)], output: RunFolder, force: o.Force = False,
-            clients_per_round: Annotated[int, typer.Option("--clients-per-round", min=1)] = 10,
+            rounds: o.Rounds, output: RunFolder, force: o.Force = False, clients_per_round: o.ClientsPerRound = 10,
             partition: o.Partition = "iid", device: o.TorchDevice = "cpu", seed: o.Seed = 0,
             batch_size: o.BatchSize = 32, local_epochs: o.LocalEpochs = 1, lr: o.Lr = 0.05,
             eval_every: o.EvalEvery = 1, train_limit: o.TrainLimit = None, test_limit: o.TestLimit = None,
-            data_root: o.DataRoot = None, layers: Annotated[Optional[str], typer.Option("--layers")] = None,
+            data_root: o.DataRoot = None, layers: o.Layers = None,
             classes: o.Classes = None, input_shape: o.InputShape = None, toa: Toa = None,
             measure_memory: MeasureMemory = False, pretrained: Pretrained = None, engine: Engine = "local",
             address: Address = None):
@@ -46,8 +45,10 @@ def emulate(devices: o.Devices, model: o.Model, dataset: o.Dataset, method: o.Me
     for g in run.plan.groups.values():
         if g.excluded:
             stdout.print(f"[yellow]group {g.name} excluded[/]: {g.reason}")
+        for out in g.sits_out:
+            stdout.print(f"[yellow]group {g.name} sits out[/] {out.describe()}")
     with round_display(stdout, rounds) as show:
         records = run.train(show, lambda line: stdout.print(line, markup=False, highlight=False))
     last = final_accuracy(records)
-    stdout.print(f"{method} on {run.plan.model.label()}: {rounds} rounds"
+    stdout.print(f"{method} on {run.plan.model.describe()}: {rounds} round{'s' * (rounds != 1)}"
                  + (f", final accuracy {last:.4f}" if last is not None else "") + f"; run written to {output}")

@@ -25,7 +25,8 @@ def export(plan_path: o.PlanFile,
            output: Annotated[Path, typer.Option("-o", "--output", help="folder for the artifact sets")],
            weights: Annotated[Optional[Path], typer.Option("--weights", help="global weights (.pt or .npz); "
                                                            "default: fresh")] = None,
-           weights_version: Annotated[int, typer.Option("--weights-version", min=0)] = 0,
+           weights_version: Annotated[int, typer.Option("--weights-version", min=0, help="the round "
+                                                                   "the weights are from, written in the manifest")] = 0,
            seed: Annotated[int, typer.Option("--seed", help="initialisation seed when --weights is omitted")] = 0,
            fmt: o.OutputFormat = o.Format.table):
     """Export each distinct config of a plan as a self-contained artifact set and print the artifact table."""

@@ -30,17 +30,18 @@ def up(devices: Annotated[Path, typer.Option("--devices", help="fleet file")], b
        train_limit: o.TrainLimit = None, data_root: o.DataRoot = None, workdir: Workdir = Path("runs/fleet"),
        credentials: CredentialsDir = None, ca_file: CaFile = None, enforce_memory: EnforceMemory = False,
        cache_budget: Annotated[Optional[str], typer.Option(
-           "--cache-budget", help="what each device's artifact cache may keep beyond the current round's set, "
-           "e.g. 64MiB (the agent's default: 128MiB)")] = None):
+           "--cache-budget", metavar="SIZE", help="what each device's artifact cache may keep beyond the current "
+           "round's set, e.g. 64MiB (the agent's default: 128MiB)")] = None):
     """Start one device agent per device of the fleet; stop them all on Ctrl-C."""
-    from edgefl.engines.agents import Agents, start, supervise
+    from edgefl.engines.agents import Agents, claim, start, supervise
 
-    procs = start(Agents(devices=devices, broker=broker, dataset=dataset, partition=partition, seed=seed,
-                         train_limit=train_limit, data_root=data_root, workdir=workdir, credentials=credentials,
-                         ca_file=ca_file, enforce_memory=enforce_memory, cache_budget=cache_budget),
-                  say=lambda line: stdout.print(line, markup=False))
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    supervise(procs, workdir / "logs", stop, warn=lambda line: stdout.print(line, style="yellow", markup=False))
+    with claim(workdir):
+        procs = start(Agents(devices=devices, broker=broker, dataset=dataset, partition=partition, seed=seed,
+                             train_limit=train_limit, data_root=data_root, workdir=workdir, credentials=credentials,
+                             ca_file=ca_file, enforce_memory=enforce_memory, cache_budget=cache_budget),
+                      say=lambda line: stdout.print(line, markup=False))
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        supervise(procs, workdir / "logs", stop, warn=lambda line: stdout.print(line, style="yellow", markup=False))
     stdout.print("fleet stopped")

@@ -25,6 +25,13 @@ from edgefl.transport.activity import DeviceState
 from edgefl.units import format_bytes, listing
 
 
+def stop_reason(kind: type, exc: BaseException | None) -> str:
+    """Why a run stopped, in words: an interrupt has no message of its own."""
+    if issubclass(kind, KeyboardInterrupt):
+        return "interrupted (Ctrl-C or SIGTERM)"
+    return str(exc) or kind.__name__
+
+
 class LiveView:
     def __init__(self, activity, console, run: Path, *, rounds: int, groups: Mapping[str, str], broker: str,
                  online: Callable[[], Iterable[str]], interactive: Optional[bool] = None, tick_s: float = 0.5,
@@ -68,7 +75,7 @@ class LiveView:
         self._drain()
         if self._live is not None:
             self._live.stop()
-        outcome = "completed" if kind is None else f"stopped: {exc or kind.__name__}"
+        outcome = "completed" if kind is None else f"stopped: {stop_reason(kind, exc)}"
         self.write(finished=True, outcome=outcome)
 
     # ----------------------------------------------------------------------------------- the loop

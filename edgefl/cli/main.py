@@ -28,8 +28,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Federated learning that fits every device's memory budget.")
 
 
-def report(runs: Annotated[list[Path], typer.Argument(help="run folders written by 'edgefl emulate -o' or "
-                                                      "'edgefl serve --state'")],
+def report(runs: Annotated[list[Path], typer.Argument(metavar="RUN", help="one or more run folders written by "
+                                                      "'edgefl emulate -o' or 'edgefl serve --state'")],
            output: Annotated[Path, typer.Option("-o", "--output", help="folder for index.html and the PNGs (refused "
                                                 "if it holds files)")] = Path("report"),
            force: o.Force = False):
@@ -46,10 +46,15 @@ for name, group in (("fleet", fleet_app), ("broker", broker_app), ("device", dev
     app.add_typer(group, name=name)
 
 
+def command():
+    """The click command the console script runs: the app, its values named plainly in --help."""
+    return o.plain_metavars(typer.main.get_command(app))
+
+
 def run() -> None:
     """Console-script entry: user errors print one line on stderr and exit 2; bugs keep their traceback."""
     try:
-        app(standalone_mode=True)
+        command()(standalone_mode=True)
     except EdgeflError as exc:
         print(f"edgefl: error: {exc}", file=sys.stderr)
         sys.exit(2)

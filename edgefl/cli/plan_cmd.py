@@ -14,12 +14,13 @@ from edgefl.errors import ConfigError, InfeasiblePlanError
 
 
 def plan(devices: o.Devices, model: o.Model, method: o.Method,
-         rounds: Annotated[int, typer.Option("--rounds", min=1)] = 100, batch_size: o.BatchSize = 32,
+         rounds: o.Rounds = 100, batch_size: o.BatchSize = 32,
          optimizer: o.Optimizer = o.OptimizerName.sgd, local_epochs: o.LocalEpochs = 1,
-         layers: Annotated[Optional[str], typer.Option("--layers", help="transformer depth; for caff the candidate "
-                                                       "depths, e.g. 3,6,9,12")] = None,
-         classes: o.Classes = None, vocab: Annotated[Optional[int], typer.Option("--vocab", min=2)] = None,
-         context: Annotated[Optional[int], typer.Option("--context", min=2)] = None, input_shape: o.InputShape = None,
+         layers: o.Layers = None,
+         classes: o.Classes = None, vocab: Annotated[Optional[int], typer.Option("--vocab", min=2, help="the transformer's "
+                                                                       "vocabulary (default 80)")] = None,
+         context: Annotated[Optional[int], typer.Option("--context", min=2, help="the transformer's window length "
+                                                        "(default 256)")] = None, input_shape: o.InputShape = None,
          blocks: Annotated[Optional[int], typer.Option("--blocks", min=1, help="profl: number of blocks "
                                                        "(default: stages)")] = None,
          calibration: o.Calibration = None, fmt: o.OutputFormat = o.Format.table,
@@ -49,13 +50,17 @@ def plan(devices: o.Devices, model: o.Model, method: o.Method,
         raise InfeasiblePlanError(f"no device group can take part with {method} on {ref.label()}: {need}")
 
 
-def profile(model: o.Model, frozen_prefix: Annotated[int, typer.Option("--frozen-prefix", min=0)] = 0,
-            head_width: Annotated[float, typer.Option("--head-width", min=0.0, max=1.0)] = 1.0,
+def profile(model: o.Model, frozen_prefix: Annotated[int, typer.Option("--frozen-prefix", min=0, help="leading "
+                                                                       "layers that run forward only")] = 0,
+            head_width: Annotated[float, typer.Option("--head-width", min=0.0, max=1.0, help="width scale of the "
+                                                      "layers from --head-start (SLT's s)")] = 1.0,
             head_start: Annotated[Optional[int], typer.Option("--head-start", min=0, help="first scaled layer "
                                                               "(default: right after the first trained layer)")] = None,
             batch_size: o.BatchSize = 32, optimizer: o.Optimizer = o.OptimizerName.sgd,
-            runtime: Annotated[str, typer.Option("--runtime")] = "torch",
-            layers: Annotated[Optional[int], typer.Option("--layers", min=1)] = None, classes: o.Classes = None,
+            runtime: Annotated[str, typer.Option("--runtime", help="the device runtime priced: ort | executorch | "
+                                                 "torch")] = "torch",
+            layers: Annotated[Optional[int], typer.Option("--layers", min=1, help="the transformer's depth")] = None,
+            classes: o.Classes = None,
             input_shape: o.InputShape = None,
             measure: Annotated[bool, typer.Option("--measure", help="also measure on this machine (torch "
                                                   "runtime)")] = False,
@@ -76,7 +81,8 @@ def profile(model: o.Model, frozen_prefix: Annotated[int, typer.Option("--frozen
                                                               f"{head_width:g}, batch {batch_size}, {runtime}")
 
 
-def calibrate(runs: Annotated[list[Path], typer.Argument(help="run folders written by 'edgefl serve --state'")],
+def calibrate(runs: Annotated[list[Path], typer.Argument(metavar="RUN", help="one or more run folders written by "
+                                                         "'edgefl serve --state'")],
               output: Annotated[Path, typer.Option("-o", "--output", help="calibration file for 'edgefl plan "
                                                    "--calibration'")] = Path("calibration.json")):
     """Fit each runtime's fixed memory term as an upper bound on the peak RSS devices measured (reports that do

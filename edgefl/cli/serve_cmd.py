@@ -2,6 +2,8 @@
 parses, and shows the rounds live with edgefl.cli.live)."""
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,7 +25,9 @@ FleetFile = Annotated[Optional[Path], typer.Option("--devices", help="the fleet 
 PerRound = Annotated[Optional[int], typer.Option("--clients-per-round", min=1, help="default: every device")]
 WaitOnline = Annotated[float, typer.Option("--wait-online", min=0.0, help="seconds to wait for every device before "
                                            "round 1")]
-TestSet = Annotated[Optional[str], typer.Option("--dataset", help="evaluate on this data set's test split")]
+TestSet = Annotated[Optional[str], typer.Option("--dataset", metavar="DATASET", help="evaluate the global model on this "
+                                                "data set's test split after each round; without it nothing is "
+                                                "evaluated (devices hold the training data)")]
 Grace = Annotated[float, typer.Option("--grace", min=0.0, help="seconds a round still waits for a device whose "
                                       "connection dropped or whose upload was refused (a broker restart drops all)")]
 ClipNorm = Annotated[Optional[float], typer.Option("--clip-norm", min=0.0, help="bound each device update's L2 norm "
@@ -45,9 +49,24 @@ def serve(plan_path: o.PlanFile, broker: o.Broker, credentials: Credentials = No
         return LiveView(transport.activity, stdout, state, rounds=total, broker=broker, groups=groups,
                         online=lambda: transport.online().keys())
 
-    run(Serving(plan=plan_path, broker=broker, credentials=credentials, ca_file=ca_file, state=state, rounds=rounds,
-                round_timeout=round_timeout, min_reports=min_reports, devices=devices,
-                clients_per_round=clients_per_round, wait_online=wait_online, seed=seed, lr=lr, eval_every=eval_every,
-                dataset=dataset, test_limit=test_limit, data_root=data_root, clip_norm=clip_norm, grace=grace),
-        say=lambda line: stdout.print(line, highlight=False), watch=watch)
+    signal.signal(signal.SIGTERM, _interrupt)      # a service manager stops it as Ctrl-C does
+    try:
+        run(Serving(plan=plan_path, broker=broker, credentials=credentials, ca_file=ca_file, state=state,
+                    rounds=rounds, round_timeout=round_timeout, min_reports=min_reports, devices=devices,
+                    clients_per_round=clients_per_round, wait_online=wait_online, seed=seed, lr=lr,
+                    eval_every=eval_every, dataset=dataset, test_limit=test_limit, data_root=data_root,
+                    clip_norm=clip_norm, grace=grace),
+            say=lambda line: stdout.print(line, highlight=False), watch=watch)
+    except KeyboardInterrupt:
+        from edgefl.server.runstate import RunState
+
+        done = RunState(state).completed()
+        print(f"edgefl: interrupted in round {done + 1}; rounds 1-{done} are checkpointed in {state}: run the same "
+              f"command to resume at round {done + 1}" if done else
+              f"edgefl: interrupted in round 1; nothing to resume from in {state} yet", file=sys.stderr, flush=True)
+        raise typer.Exit(130) from None
     stdout.print(f"run written to {state}")
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

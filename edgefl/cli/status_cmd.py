@@ -26,6 +26,11 @@ def status(
 
     current, history = _read(run / STATUS_FILE), _history(run)
     if current is None and history is None:
+        if (run / "plan.json").is_file():      # a run that stopped (or is) before its first round ended
+            stdout.print(f"{run}: no round finished yet (its plan was written at "
+                         f"{clock((run / 'plan.json').stat().st_mtime)}); history.json comes after each round, and "
+                         "a run that stopped before said why on its own output", highlight=False, markup=False)
+            return
         raise ConfigError(f"{run}: neither {STATUS_FILE} nor history.json is there; give the folder of "
                           "'edgefl serve --state' (or 'edgefl emulate -o')")
     now = time.time()
@@ -42,8 +47,11 @@ def status(
 
 def _progress(status: dict, now: float) -> list[str]:
     if status.get("finished"):
-        return [f"run {status.get('outcome') or 'finished'} at {clock(status['updated'])}, "
-                f"round {status.get('round') or 0} of {status.get('rounds', '?')}"]
+        line = (f"run {status.get('outcome') or 'finished'} at {clock(status['updated'])}, "
+                f"round {status.get('round') or 0} of {status.get('rounds', '?')}")
+        if str(status.get("outcome")).startswith("stopped"):
+            line += "; start edgefl serve again with the same --state to resume"
+        return [line]
     age = now - status.get("updated", 0)
     lines = [header(status, now) + f" (updated {age:.0f} s ago)"]
     if age > STALE_S:

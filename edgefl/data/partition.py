@@ -6,7 +6,7 @@ all examples (natural: all examples that belong to a client).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -20,11 +20,25 @@ def _check_clients(n: int, clients: int, least: int = 1) -> None:
         raise ConfigError(f"cannot give {clients} clients >= {least} examples each out of {n}; use fewer clients")
 
 
-def iid(n_examples: int, clients: int, seed: int) -> list[np.ndarray]:
-    """A uniform random split into near-equal parts (sizes differ by at most one)."""
+def iid(n_examples: int, clients: int, seed: int, sizes: Optional[Sequence[Optional[int]]] = None) -> list[np.ndarray]:
+    """A uniform random split into near-equal parts (sizes differ by at most one). With `sizes` (one per client,
+    None where unset), client i gets sizes[i] examples where set and the clients without one split the rest
+    near-equally (examples left over when every client has a size are in no part)."""
     _check_clients(n_examples, clients)
     order = np.random.default_rng(seed).permutation(n_examples)
-    return [np.sort(part) for part in np.array_split(order, clients)]
+    if sizes is None:
+        return [np.sort(part) for part in np.array_split(order, clients)]
+    given = sum(n for n in sizes if n)
+    if given > n_examples:
+        raise ConfigError(f"the clients' sizes add up to {given:,} examples, more than the {n_examples:,} there are")
+    free = [i for i, n in enumerate(sizes) if not n]
+    if free:
+        _check_clients(n_examples - given, len(free))
+    ends = np.cumsum([n or 0 for n in sizes])
+    parts = [order[end - (n or 0):end] for n, end in zip(sizes, ends, strict=True)]
+    for i, rest in zip(free, np.array_split(order[given:], max(len(free), 1))[:len(free)], strict=True):
+        parts[i] = rest
+    return [np.sort(part) for part in parts]
 
 
 def dirichlet(labels, clients: int, alpha: float, seed: int, min_size: int = 10,
@@ -112,16 +126,18 @@ class Partition:
     def __str__(self) -> str:
         return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
 
-    def split(self, labels, clients: int, seed: int, groups=None) -> list[np.ndarray]:
+    def split(self, labels, clients: int, seed: int, groups=None,
+              sizes: Optional[Sequence[Optional[int]]] = None) -> list[np.ndarray]:
         """Index arrays per client. `natural` uses `groups` (e.g. Dataset.groups) and ignores `clients`:
-        it returns every natural client."""
+        it returns every natural client. `sizes`: iid's examples per client (see `iid`); the other partitions
+        size their clients themselves."""
         if self.kind == "natural":
             if groups is None:
                 raise ConfigError("partition 'natural' needs a data set with natural clients (shakespeare); "
                                   f"use one of: {PARTITIONS}")
             return natural(groups)
         if self.kind == "iid":
-            return iid(len(labels), clients, seed)
+            return iid(len(labels), clients, seed, sizes)
         if self.kind == "dirichlet":
             return dirichlet(labels, clients, self.value, seed)
         return shards(labels, clients, int(self.value), seed)

@@ -1,8 +1,10 @@
 """Each device's share of a data set, as `edgefl emulate` and `edgefl fleet up` give it: the partition's
 split of the training examples over the fleet's devices in sorted device order, then cut to the
 `examples:` of the device's group, so that a device trains on exactly the data the plan's FLOPs assume
-(`edgefl.planning.plan.round_flops`). A share smaller than its group's `examples:` is an error, not a silent
-shortfall."""
+(`edgefl.planning.plan.round_flops`). An iid split gives each device of a group with `examples:` that many
+(the groups without one share the rest), so groups of different sizes fit a data set their total fits; the
+other partitions size their clients themselves. A share smaller than its group's `examples:` is an error, not
+a silent shortfall."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edgefl.errors import ConfigError
+from edgefl.units import listing
 
 
 def device_shares(fleet, train, partition: str, seed: int, *, source: str = "the data set") -> dict[str, np.ndarray]:
@@ -17,7 +20,17 @@ def device_shares(fleet, train, partition: str, seed: int, *, source: str = "the
     from edgefl.data.partition import parse_partition
 
     devices = sorted(d for g in fleet.groups for d in g.device_ids)
-    shares = parse_partition(partition).split(train.y, len(devices), seed, groups=getattr(train, "groups", None))
+    split = parse_partition(partition)
+    sizes = None
+    if split.kind == "iid":
+        examples = {d: g.examples for g in fleet.groups for d in g.device_ids}
+        asked = sum(g.count * g.examples for g in fleet.groups if g.examples)
+        if asked > len(train.y):
+            groups = listing([f"{g.name} {g.count} x {g.examples}" for g in fleet.groups if g.examples])
+            raise ConfigError(f"fleet.groups.*.examples: the groups ask for {asked:,} examples ({groups}) and {source} "
+                              f"has {len(train.y):,}; lower some group's examples, or drop --train-limit")
+        sizes = [examples[d] for d in devices]
+    shares = split.split(train.y, len(devices), seed, groups=getattr(train, "groups", None), sizes=sizes)
     if len(shares) < len(devices):
         raise ConfigError(f"--partition {partition}: the data has {len(shares)} natural clients for "
                           f"{len(devices)} devices; use a smaller fleet or another partition")

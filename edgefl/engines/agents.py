@@ -8,6 +8,12 @@ memory budget (a cgroup where this machine permits one, else RLIMIT_AS). It runs
 every device; when every agent has exited by itself (a wrong login, an unreachable broker) it says which,
 what the first said last and where the logs are.
 
+One `fleet up` per work folder: a second one started on it is refused while the first runs (it would overwrite its
+logs and share files under running agents); the lock is the first's and goes with its process. A second fleet of
+the same devices from another work folder is refused device by device: an agent will not run as an id another
+agent on this machine runs as at that broker (edgefl.device_runtime.run_cmd), so every agent of the second exits
+saying which process has its id, and this process fails naming them.
+
 Logins: `credentials` is the deployment folder `edgefl broker config -o DIR` wrote, or its `credentials/`
 folder (whichever holds `<device>.json`); with mqtts:// and no CA file, that deployment's `tls/ca.crt` is the
 CA. Every agent gets its own login file and the CA.
@@ -78,8 +84,21 @@ def device_command(device: str, group, broker: str, data: Path, workdir: Path, c
     return cmd
 
 
+LOCK = ".fleet-up.lock"     # in the work folder: held by the `fleet up` that runs there, holding its pid
+
+
+def claim(workdir: Path):
+    """The work folder, held until the returned file is closed (a context manager) or this process ends;
+    ConfigError naming the `fleet up` that holds it."""
+    from edgefl.outdir import exclusive
+
+    return exclusive(workdir / LOCK, lambda pid: f"--workdir {workdir}: another 'edgefl fleet up' (pid {pid}) runs its "
+                     "agents from it; stop that one (Ctrl-C), or give this one another --workdir")
+
+
 def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Popen]:
-    """Every device's agent started, with its data share exported and its log opened: device -> process."""
+    """Every device's agent started, with its data share exported and its log opened: device -> process. Start
+    them holding the work folder's `claim`."""
     from edgefl.fleet import load_fleet
     from edgefl.protocol.broker_address import check_ca_file, parse_broker_url
 

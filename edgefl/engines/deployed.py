@@ -12,9 +12,11 @@ artifact set of its config for its runtime, filled with its slice of the current
   (or drops it, when it hears the round is over), never a mix;
 * shipping it (`WireTransport.ship_artifact`) offers the manifest and every file by sha256: a device
   fetches only what its cache lacks, so unchanged graphs and an unchanged frozen prefix never travel twice;
-* the instruction carries the set's id and the cost model's predicted peak, which the device checks
-  against the memory it declared before it trains, and the bytes its upload may hold (`upload_bytes`),
-  past which the transport refuses it.
+* the instruction carries the set's id and the plan's predicted peak (the coordinator's: a set's manifest holds
+  the built-in constants' prediction, a calibrated plan its own), which the device checks against the memory it
+  grants before it trains, the memory budget of the device's group
+  (`memory_budget_bytes`: what the plan fits, and what a device that declared none grants and is capped at),
+  and the bytes its upload may hold (`upload_bytes`), past which the transport refuses it.
 """
 from __future__ import annotations
 
@@ -137,9 +139,11 @@ class DeployedServerModel(TorchServerModel):
     the device (its id in `Delivery.artifacts`) instead of tensors."""
 
     def __init__(self, *args, shipper: ArtifactShipper, ship: Callable[[str, Path], str],
-                 runtime_of: Mapping[str, str], **kwargs):
+                 runtime_of: Mapping[str, str], budget_of: Mapping[str, int], **kwargs):
+        """`runtime_of`, `budget_of`: each device's runtime and its group's memory budget."""
         super().__init__(*args, **kwargs)
         self.shipper, self.ship, self.runtime_of = shipper, ship, dict(runtime_of)
+        self.budget_of = dict(budget_of)
 
     def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
         delivery = super().weights_for(instruction, device_seed)
@@ -147,13 +151,9 @@ class DeployedServerModel(TorchServerModel):
         (config, indices), = parts          # check_deployable: one config per instruction
         folder = self.shipper.prepare(self.ref, config, indices, self.runtime_of[instruction.device_id], self.state,
                                       instruction.weights_version)
-        from edgefl.manifest import ArtifactSet
-
-        predicted = ArtifactSet.open(folder, verify=False).suffix.predicted or {}
         delivery.artifacts = {SET_ROLE: self.ship(instruction.device_id, folder)}
         delivery.weights = {}
-        if "peak_memory_bytes" in predicted:
-            delivery.options["predicted_peak_bytes"] = predicted["peak_memory_bytes"]
+        delivery.options["memory_budget_bytes"] = self.budget_of[instruction.device_id]
         # the trained tensors as they travel up (one flat float32 buffer): the transport refuses an upload
         # past this before it holds the rest of it
         delivery.options["upload_bytes"] = 4 * sum(math.prod(shape) for shape, _ in expected.values())

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional, Protocol
 
 from edgefl.engines.run_options import RunOptions
-from edgefl.errors import TransportError
+from edgefl.errors import ConfigError, TransportError
 from edgefl.outdir import write_atomic
 from edgefl.units import listing
 
@@ -48,9 +48,12 @@ class Serving(RunOptions):
     grace: float = 30.0        # edgefl.transport.endpoint.GRACE_S: a device gone offline is still waited for
 
     def config_json(self, plan, total: int) -> dict:
+        import edgefl
+
         return {"plan": str(self.plan), "broker": self.broker, "method": plan.method, "model": plan.model.to_json(),
                 "rounds": total, "seed": self.seed, "lr": self.lr, "round_timeout_s": self.round_timeout,
-                "min_reports": self.min_reports, "dataset": self.dataset, "clip_norm": self.clip_norm}
+                "min_reports": self.min_reports, "dataset": self.dataset, "clip_norm": self.clip_norm,
+                "edgefl_version": edgefl.version()}
 
 
 def serve(spec: Serving, say: Callable[[str], None],
@@ -66,6 +69,7 @@ def serve(spec: Serving, say: Callable[[str], None],
     from edgefl.server.coordinator import Coordinator, LoopSettings
     from edgefl.server.runstate import RunState
     from edgefl.transport.mqtt import MqttTransport
+    from edgefl.zoo.from_options import check_reads
 
     plan = Plan.read(spec.plan)
     check_deployable(plan)
@@ -74,6 +78,12 @@ def serve(spec: Serving, say: Callable[[str], None],
     test = None
     if spec.dataset is not None:
         test = load_split(spec.dataset, "test", spec.data_root, spec.test_limit, spec.seed)
+        check_reads(plan.model.name, test)
+    if spec.rounds is not None and spec.rounds > plan.rounds:
+        has = f"{plan.rounds} round{'s' * (plan.rounds != 1)}"
+        raise ConfigError(f"--rounds {spec.rounds}: the plan {spec.plan} has {has}, so no device would train in rounds "
+                          f"{plan.rounds + 1}-{spec.rounds}; plan again with 'edgefl plan ... --rounds {spec.rounds}', "
+                          "or leave --rounds out")
     total = spec.rounds or plan.rounds
     state = RunState(spec.state)
     saved = state.load()   # a damaged or inconsistent state fails now, naming its file, before anything connects
@@ -90,13 +100,23 @@ def serve(spec: Serving, say: Callable[[str], None],
     try:
         transport.share_by_group(group_of)    # a group's set (and its weights) goes out once on the group's topics
         everyone = sorted(runtime_of)
-        say(f"waiting up to {spec.wait_online:.0f} s for {len(everyone)} devices at {spec.broker} ...")
-        say(online_line(transport.wait_online(everyone, spec.wait_online), everyone, spec.broker, spec.wait_online))
+        done = saved[3] if saved is not None else []     # the history records, checked against the checkpoint
+        gone = offline_in(done[-1]) if done else {}
+        if done:
+            say(f"resuming {spec.state} at round {len(done) + 1} of {total}: rounds 1-{len(done)} are checkpointed "
+                "there")
+        # a resumed run does not wait for the devices its last round found offline (an agent that died): they
+        # join the round after they come back, as any device does
+        awaited = [d for d in everyone if d not in gone] or everyone
+        say(f"waiting up to {spec.wait_online:.0f} s for {len(awaited)} devices at {spec.broker} ...")
+        online = transport.wait_online(awaited, spec.wait_online)
+        say(online_line(online, everyone, spec.broker, spec.wait_online, gone))
         strategy = get_strategy(plan.method)
         server = DeployedServerModel(plan.model, test, torch_trainer(plan.model), spec.seed, clip_norm=spec.clip_norm,
                                      evaluated=lambda: strategy.evaluated_config(plan),
                                      shipper=ArtifactShipper(spec.state / "artifacts", backend_for),
-                                     ship=transport.ship_artifact, runtime_of=runtime_of)
+                                     ship=transport.ship_artifact, runtime_of=runtime_of,
+                                     budget_of={d: g.memory_budget_bytes for g in fleet.groups for d in g.device_ids})
         settings = LoopSettings(rounds=total, clients_per_round=spec.clients_per_round or len(everyone),
                                 seed=spec.seed, eval_every=spec.eval_every, lr=spec.lr, lr_final=spec.lr / 10,
                                 round_timeout_s=spec.round_timeout, min_reports=spec.min_reports)
@@ -104,7 +124,8 @@ def serve(spec: Serving, say: Callable[[str], None],
         view = watch(transport, group_of, total)
         coordinator = Coordinator(fleet, plan, strategy, server, transport, settings,
                                   examples=examples.__getitem__, on_round=view.round_done,
-                                  state=state, online=lambda: transport.online().keys())
+                                  state=state, online=lambda: transport.online().keys(),
+                                  declared=lambda d: transport.online().get(d, {}).get("memory_bytes"))
         with view:
             coordinator.run()
     finally:
@@ -126,17 +147,30 @@ def _backends(runtimes: list[str]) -> Callable[[str], object]:
     return backend_for
 
 
-def online_line(online: dict, expected: list[str], broker: str, waited: float) -> str:
-    """'3 of 4 devices online (not yet: ...)', counting only the fleet's devices; others connected are named.
-    TransportError when none of them came."""
+def offline_in(record: dict) -> dict[str, str]:
+    """The devices a round (a history record) found offline, each with where that was recorded."""
+    found = {**record.get("skipped", {}), **record.get("failed", {})}
+    return {d: f"offline in round {record['round']}" for d, why in sorted(found.items()) if why.startswith("offline")}
+
+
+def online_line(online: dict, expected: list[str], broker: str, waited: float,
+                gone: Optional[dict[str, str]] = None) -> str:
+    """'3 of 4 devices online (not waited for: d (offline in round 6); not yet: ...)', counting only the fleet's
+    devices (`gone`: those not waited for, and why); others connected are named. TransportError when none of
+    them is online."""
+    gone = gone or {}
     here = [d for d in expected if d in online]
     if not here:
         raise TransportError(f"none of the {len(expected)} devices of the plan came online at {broker} within "
                              f"{waited:.0f} s (ids {listing(expected, 3)}); start them with their logins "
                              "('edgefl fleet up', or 'edgefl-device --id ID ...'), or raise --wait-online")
     line = f"{len(here)} of {len(expected)} devices online"
-    if missing := [d for d in expected if d not in online]:
-        line += f" (not yet: {listing(missing)})"
+    left = [f"{d} ({gone[d]})" for d in expected if d not in online and d in gone]
+    waiting = [d for d in expected if d not in online and d not in gone]
+    notes = [f"not waited for: {listing(left, 3)}"] if left else []
+    notes += [f"not yet: {listing(waiting)}"] if waiting else []
+    if notes:
+        line += f" ({'; '.join(notes)})"
     if strangers := sorted(set(online) - set(expected)):
         line += f"; also connected but not in this fleet: {listing(strangers)}"
     return line

@@ -1,7 +1,9 @@
 """Plan: per device group and round range, the TrainConfig and its predicted Cost; and `verify`.
 
 plan.json is schema-versioned and validated on read. `verify(plan, fleet)` rejects any step whose
-predicted cost exceeds its group's budgets; every planner's output goes through it.
+predicted cost exceeds its group's budgets, and a group that takes part but is left without a step in some
+round and no word why: every round of such a group is a step's or a named sit-out's (`SitOut`: the rounds and
+the budget that keeps the group out). Every planner's output goes through it.
 """
 from __future__ import annotations
 
@@ -43,6 +45,25 @@ class Step:
                    sequence=tuple(TrainConfig.from_json(c) for c in d.get("sequence", [])), label=d.get("label", ""))
 
 
+@dataclass(frozen=True)
+class SitOut:
+    """Rounds a group that takes part trains nothing, and why: the budgets its least demanding configuration of
+    those rounds breaks ('upload 6.35 MiB > budget 1.91 MiB')."""
+    rounds: tuple[int, int]                    # first and last round, inclusive
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"rounds": list(self.rounds), "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SitOut":
+        return cls(rounds=tuple(d["rounds"]), reason=d["reason"])
+
+    def describe(self) -> str:
+        first, last = self.rounds
+        return f"{'round' if first == last else 'rounds'} {first}{'' if first == last else f'-{last}'}: {self.reason}"
+
+
 @dataclass
 class GroupPlan:
     name: str
@@ -56,6 +77,7 @@ class GroupPlan:
     steps: list[Step] = field(default_factory=list)
     reason: str = ""                            # why excluded, or what limits it
     flags: tuple[str, ...] = ()                 # method-specific marks, e.g. 'mutual-distillation'
+    sits_out: list[SitOut] = field(default_factory=list)   # rounds without a step, each with its reason
 
     @property
     def excluded(self) -> bool:
@@ -65,12 +87,24 @@ class GroupPlan:
         """The step this group trains in `round`, or None if it sits the round out."""
         return next((s for s in self.steps if s.rounds[0] <= round <= s.rounds[1]), None)
 
+    def idle_reason(self, round: int) -> str:
+        """Why this group trains nothing in `round` (a round it has no step in)."""
+        if self.excluded:
+            return f"its group is excluded: {self.reason}"
+        out = next((o for o in self.sits_out if o.rounds[0] <= round <= o.rounds[1]), None)
+        if out is not None:
+            return f"its group sits out {out.describe()}"
+        last = max(span.rounds[1] for span in [*self.steps, *self.sits_out])
+        return f"round {round} is past the plan, which ends at round {last}" if round > last else \
+            f"the plan gives its group no step in round {round}"
+
     def to_json(self) -> dict:
         return {"count": self.count, "runtime": self.runtime, "examples": self.examples,
                 "budget": {"memory_bytes": self.memory_budget_bytes, "upload_bytes": self.upload_budget_bytes,
                            "flops_per_round": self.flops_budget},
                 "excluded": self.excluded, "min_memory_bytes": self.min_memory_bytes, "reason": self.reason,
-                "flags": list(self.flags), "steps": [s.to_json() for s in self.steps]}
+                "flags": list(self.flags), "steps": [s.to_json() for s in self.steps],
+                "sits_out": [o.to_json() for o in self.sits_out]}
 
     @classmethod
     def from_json(cls, name: str, d: dict) -> "GroupPlan":
@@ -78,7 +112,8 @@ class GroupPlan:
         return cls(name=name, count=d["count"], runtime=d["runtime"], memory_budget_bytes=b["memory_bytes"],
                    upload_budget_bytes=b["upload_bytes"], flops_budget=b["flops_per_round"], examples=d.get("examples"),
                    min_memory_bytes=d["min_memory_bytes"], steps=[Step.from_json(s) for s in d["steps"]],
-                   reason=d.get("reason", ""), flags=tuple(d.get("flags", ())))
+                   reason=d.get("reason", ""), flags=tuple(d.get("flags", ())),
+                   sits_out=[SitOut.from_json(o) for o in d.get("sits_out", [])])
 
 
 @dataclass
@@ -150,14 +185,27 @@ def verify(plan: Plan, fleet: Fleet) -> Plan:
         raise InfeasiblePlanError(f"plan groups {sorted(plan.groups)} do not match fleet groups {sorted(names)}")
     for group in fleet.groups:
         gp = plan.groups[group.name]
-        last = 0
         for step in gp.steps:
-            first, end = step.rounds
-            if not (last < first <= end <= plan.rounds):
-                raise InfeasiblePlanError(f"group {group.name}: step rounds {step.rounds} overlap or leave 1..{plan.rounds}")
-            last = end
             bad = violations(step.predicted, group, step.config)
             if bad:
-                raise InfeasiblePlanError(f"group {group.name} (device {group.device_ids[0]}), rounds {first}-{end}: "
-                                          + "; ".join(bad))
+                raise InfeasiblePlanError(f"group {group.name} (device {group.device_ids[0]}), rounds "
+                                          f"{step.rounds[0]}-{step.rounds[1]}: " + "; ".join(bad))
+        if not gp.excluded:
+            _covers(gp, plan.rounds)
     return plan
+
+
+def _covers(gp: GroupPlan, rounds: int) -> None:
+    """Every round of 1..rounds is one step's or one named sit-out's, in order; an InfeasiblePlanError naming the
+    first round that is not (a planner that left a group out of a round without saying why)."""
+    spans = sorted([(s.rounds, "step") for s in gp.steps] + [(o.rounds, "sit-out") for o in gp.sits_out])
+    last = 0
+    for (first, end), what in spans:
+        if not (first == last + 1 and first <= end <= rounds):
+            raise InfeasiblePlanError(f"group {gp.name}: a {what} spans rounds {first}-{end}, after round {last} of "
+                                      f"1..{rounds}: steps and sit-outs must cover each round once; regenerate the "
+                                      "plan with 'edgefl plan'")
+        last = end
+    if last != rounds:
+        raise InfeasiblePlanError(f"group {gp.name}: rounds {last + 1}-{rounds} have neither a step nor a named "
+                                  "sit-out; regenerate the plan with 'edgefl plan'")

@@ -1,11 +1,13 @@
 """The report's HTML: one self-contained page (inline style, no script) around the PNG figures.
 
 The layout is fluid: every figure takes the full width of the page, whatever the window, and wide tables
-scroll inside their own box, so the page itself never scrolls sideways.
+scroll inside their own box, so the page itself never scrolls sideways. A table of contents (`contents`) links
+every section and figure that has an id.
 """
 from __future__ import annotations
 
 import html
+import re
 from typing import Iterable, Sequence
 
 STYLE = """
@@ -21,6 +23,7 @@ table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 4px 8px; text-align: left; vertical-align: top; overflow-wrap: break-word; }
 th { background: #f4f4f4; }
 p.note { color: #555; }
+nav ul { margin: 4px 0; padding-left: 20px; }
 """
 
 
@@ -37,8 +40,30 @@ def records_table(rows: list[dict]) -> str:
 
 
 def figure(src: str, title: str, caption: str) -> str:
-    return (f'<figure><img class="plot" src="{html.escape(src)}" alt="{html.escape(title)}">'
+    """A figure whose id is its file's stem (the table of contents links it)."""
+    anchor = html.escape(src.rsplit(".", 1)[0])
+    return (f'<figure id="{anchor}"><img class="plot" src="{html.escape(src)}" alt="{html.escape(title)}">'
             f"<figcaption><b>{html.escape(title)}.</b> {html.escape(caption)}</figcaption></figure>")
+
+
+_TARGET = re.compile(r'<h([23]) id="([^"]+)">(.*?)</h\1>|<figure id="([^"]+)">.*?<b>(.*?)\.</b>', re.S)
+
+
+def contents(blocks: Iterable[str]) -> str:
+    """A table of contents of `blocks`: each second-level heading with an id, and under it the headings and figures
+    with ids that follow it (their text is already escaped)."""
+    sections: list[tuple[str, str, list[str]]] = []
+    for block in blocks:
+        for m in _TARGET.finditer(block):
+            level, anchor, text = (m[1], m[2], m[3]) if m[1] else ("3", m[4], m[5])
+            link = f'<a href="#{anchor}">{text}</a>'
+            if level == "2" or not sections:
+                sections.append((anchor, link, []))
+            else:
+                sections[-1][2].append(f"<li>{link}</li>")
+    items = "".join(f"<li>{link}" + (f"<ul>{''.join(subs)}</ul>" if subs else "") + "</li>" for _, link, subs in sections)
+    return f'<nav id="contents"><b>Contents</b><ul>{items}</ul></nav>'
+
 
 
 def heading(text: str, level: int = 2, anchor: str = "") -> str:

@@ -1,12 +1,12 @@
 """`edgefl report`: a static HTML page with PNG plots comparing runs (emulated or served).
 
-The page opens with a summary table and the plots that compare runs: accuracy and loss per round, accuracy
-against cumulative upload and against cumulative device FLOPs (SLT Fig. 4 style). A section per run
-follows: its settings (read from the run folder), its groups (excluded ones with the planner's reason),
-what became of the devices sampled each round, accuracy on each group's data, each group's predicted peak
-memory against its budget and, for a served run, the peak RSS its devices measured, and a per-device table
-of predicted vs measured memory, energy and bytes moved. Reading the runs is `report_runs`, the figures
-`report_plots`, the markup `report_html`; this module puts them in order and writes the folder.
+The page opens with a summary table, a table of contents and the plots that compare runs: accuracy and loss per
+round, accuracy against cumulative upload and against cumulative device FLOPs (SLT Fig. 4 style). A section per
+run follows: its settings (read from the run folder), its groups (excluded ones with the planner's reason, and the
+rounds a group sits out), what became of the devices sampled each round, accuracy on each group's data, each
+group's predicted peak memory against its budget and, for a served run, the peak RSS its devices measured, and a
+per-device table of predicted vs measured memory, energy and bytes moved. Reading the runs is `report_runs`, the
+figures `report_plots`, the markup `report_html`; this module puts them in order and writes the folder.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _summary(runs: list[Run]) -> str:
     rows = []
     for run in runs:
         trained = [participation(r)["trained"] for r in run.rounds]
-        rows.append([run.name, run.kind, run.plan.method, run.plan.model.label(), len(run.rounds),
+        rows.append([run.name, run.kind, run.plan.method, run.plan.model.describe(), len(run.rounds),
                      _number(run.final("accuracy"), ".4f", "not evaluated"),
                      _number(run.final("loss"), ".4f", "not evaluated"),
                      f"{sum(trained) / len(trained):.1f}" if trained else "-",
@@ -69,7 +69,7 @@ def write_report(runs: list[Path], out: Path, force: bool = False) -> Path:
         make().savefig(out / name, format="png", dpi=plots.DPI)
         return h.figure(name, title, caption)
 
-    blocks = [h.heading("edgefl report", 1), _summary(loaded), h.heading("Comparison"),
+    blocks = [h.heading("Comparison", anchor="comparison"),
               draw("accuracy_vs_round.png", "Accuracy per round",
                    "Test accuracy of the global model after each evaluated round, one line per run.",
                    lambda: plots.accuracy_vs_round(loaded)),
@@ -85,13 +85,15 @@ def write_report(runs: list[Path], out: Path, force: bool = False) -> Path:
     for i, run in enumerate(loaded):
         blocks += _run_section(i, run, draw, plots)
     page = out / "index.html"
-    page.write_text(h.page("edgefl report", blocks))
+    page.write_text(h.page("edgefl report", [h.heading("edgefl report", 1), _summary(loaded), h.contents(blocks),
+                                             *blocks]))
     return page
 
 
 def _run_section(i: int, run: Run, draw: Callable, plots) -> list[str]:
-    blocks = [h.heading(f"Run {run.name} ({run.kind})", anchor=f"run-{i}"), h.heading("Settings", 3),
-              h.table(["setting", "value"], settings(run)), h.heading("Device groups", 3),
+    blocks = [h.heading(f"Run {run.name} ({run.kind})", anchor=f"run-{i}"),
+              h.heading("Settings", 3, anchor=f"run-{i}-settings"),
+              h.table(["setting", "value"], settings(run)), h.heading("Device groups", 3, anchor=f"run-{i}-groups"),
               h.records_table(group_rows(run)),
               draw(f"participation_{i}.png", f"Participation per round: {run.name}",
                    "What became of the devices sampled in each round: trained (report accepted), skipped (not "
@@ -104,15 +106,19 @@ def _run_section(i: int, run: Run, draw: Callable, plots) -> list[str]:
                            "evaluated round: how well the shared model serves each group's data; dotted: groups "
                            "the plan excludes from training.", lambda: plots.group_accuracy(run)))
     else:
-        blocks.append(h.note("Accuracy per group: none recorded in this run's history."))
+        why = ("not measured: a served run's server holds none of its devices' data, so it evaluates the global "
+               "model on the --dataset test split only" if run.served else "none recorded in this run's history")
+        blocks.append(h.note(f"Accuracy per group: {why}."))
     measured = " and the largest peak RSS its devices measured" if run.served else ""
     blocks.append(draw(f"memory_{i}.png", f"Peak memory vs budget: {run.name}",
                        f"Per device group: its memory budget, the predicted training peak (largest over the "
                        f"plan's steps){measured}. An excluded group has no predicted bar and shows the "
                        "planner's reason.", lambda: plots.memory_per_group(run)))
     if run.served:
-        blocks += [h.heading("Devices", 3),
+        blocks += [h.heading("Devices", 3, anchor=f"run-{i}-devices"),
                    h.note("Per device, over the rounds it was sampled in: peak memory predicted by the plan vs "
-                          "the peak RSS it measured, energy with the meter it came from, payload bytes moved."),
+                          "the peak RSS it measured, energy with the meter it came from, payload bytes moved. "
+                          "Energy is measured over the training process's run, from its start to its exit in each "
+                          "round: what the device draws while the agent waits, downloads and uploads is not counted."),
                    h.records_table(device_rows(run))]
     return blocks

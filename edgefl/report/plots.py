@@ -2,7 +2,8 @@
 
 Figures are built without pyplot (no global state) and are wide and short: the page shows each at the
 full width of the window. Round axes carry whole-number ticks only; sizes and FLOPs are plotted in the
-largest unit their maximum reaches (edgefl.units), so an axis never reads 1e8.
+largest unit their maximum reaches (edgefl.units), so an axis never reads 1e8. An accuracy axis spans at least
+ACCURACY_SPAN: a run that barely moves is drawn flat, not stretched over the plot's height.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from edgefl.report.runs import STATUSES, Run, cumulative, measured_peaks, partic
 from edgefl.units import format_bytes, format_flops
 
 WIDTH_IN, HEIGHT_IN, DPI = 12.0, 4.4, 110
+ACCURACY_SPAN = 0.1
 _SCALE = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "FLOP": 1, "kFLOP": 1e3,
           "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12, "PFLOP": 1e15}
 _STATUS_COLOUR = {"trained": "tab:green", "skipped": "tab:gray", "failed": "tab:red", "rejected": "tab:orange",
@@ -40,6 +42,14 @@ def _finish(fig, ax, xlabel: str, ylabel: str, rounds_on_x: bool = False) -> Fig
     return fig
 
 
+def _accuracy_axis(ax) -> None:
+    """At least ACCURACY_SPAN of accuracy around what is drawn, within [0, 1]."""
+    lo, hi = ax.get_ylim()
+    if hi - lo < ACCURACY_SPAN:
+        lo = min(max(0.0, (lo + hi - ACCURACY_SPAN) / 2), 1.0 - ACCURACY_SPAN)
+        ax.set_ylim(lo, lo + ACCURACY_SPAN)
+
+
 def _unit(largest: float, fmt) -> tuple[str, float]:
     """The unit format_bytes/format_flops would print `largest` in, and its size."""
     unit = fmt(largest).split()[-1]
@@ -51,6 +61,7 @@ def accuracy_vs_round(runs: list[Run]) -> Figure:
     for run in runs:
         if points := run.evaluated("accuracy"):
             ax.plot(*zip(*points), marker=".", label=run.name)
+    _accuracy_axis(ax)
     return _finish(fig, ax, "round", "test accuracy", rounds_on_x=True)
 
 
@@ -76,6 +87,7 @@ def accuracy_vs_cumulative(runs: list[Run], key: str) -> Figure:
                   if r.get("accuracy") is not None]
         if points:
             ax.plot(*zip(*points), marker=".", label=run.name)
+    _accuracy_axis(ax)
     what = "device compute" if key == "flops" else "upload"
     return _finish(fig, ax, f"cumulative {what} ({unit})", "test accuracy")
 
@@ -106,12 +118,14 @@ def group_accuracy(run: Run) -> Figure:
             label = f"{name} (excluded)" if run.plan.groups[name].excluded else name
             ax.plot(*zip(*points), marker=".", label=label,
                     linestyle=":" if run.plan.groups[name].excluded else "-")
+    _accuracy_axis(ax)
     return _finish(fig, ax, "round", "accuracy on the group's data", rounds_on_x=True)
 
 
 def memory_per_group(run: Run) -> Figure:
     """Per group: memory budget, predicted peak (max over the plan's steps) and, for a served run, the peak
-    RSS its devices measured; an excluded group has no predicted bar and carries its reason instead."""
+    RSS its devices measured; an excluded group has no predicted bar and carries its reason under its name, below
+    the axis, where no bar or bar label can be."""
     plan = run.plan
     names = sorted(plan.groups)
     budget = [plan.groups[n].memory_budget_bytes for n in names]
@@ -127,11 +141,10 @@ def memory_per_group(run: Run) -> Figure:
         drawn = ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(names))],
                        [v / scale for v in values], width=width, label=label)
         ax.bar_label(drawn, [format_bytes(v) if v else "" for v in values], fontsize=8)   # small bars stay legible
-    top = ax.get_ylim()[1]
     chars = max(16, int(110 / max(len(names), 1)))   # wrap each reason to its group's share of the width
-    for x, n in enumerate(names):
+    ax.set_xticks(list(range(len(names))), [f"{n}\n" + textwrap.fill(f"excluded: {plan.groups[n].reason}", chars)
+                                            if plan.groups[n].excluded else n for n in names])
+    for tick, n in zip(ax.get_xticklabels(), names, strict=True):
         if plan.groups[n].excluded:
-            ax.text(x, top * 0.5, textwrap.fill(f"excluded: {plan.groups[n].reason}", chars), ha="center",
-                    va="center", fontsize=8, bbox={"facecolor": "white", "alpha": 0.9, "edgecolor": "tab:red"})
-    ax.set_xticks(list(range(len(names))), names)
+            tick.set(fontsize=8, color="tab:red")
     return _finish(fig, ax, "device group", unit)

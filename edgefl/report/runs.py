@@ -51,6 +51,9 @@ def load_run(folder: Path) -> Run:
     try:
         history = json.loads((folder / "history.json").read_text())
     except OSError:
+        if (folder / "plan.json").is_file():
+            raise ConfigError(f"{folder}: no round finished (it holds the plan but no history.json): the run stopped "
+                              "before its first round ended, or is in it; report it once a round has finished") from None
         raise ConfigError(f"{folder}: no history.json; give a folder written by 'edgefl emulate -o' or "
                           "'edgefl serve'") from None
     except ValueError as exc:
@@ -128,10 +131,11 @@ def settings(run: Run) -> list[tuple[str, str]]:
     kind = f"served over MQTT ({c['broker']})" if c.get("broker") else run.kind
     rows = [("run", kind), ("folder", str(run.folder)),
             ("data set", get("dataset", "none (no evaluation)" if run.served else NOT_RECORDED)),
-            ("partition", get("partition")), ("examples", _examples(run)),
+            ("partition", get("partition", "the devices' own data (a served run's server holds none of it)"
+                              if run.served else NOT_RECORDED)), ("examples", _examples(run)),
             ("clients per round", _clients_per_round(run)),
             ("rounds", f"{len(run.rounds)} completed of {c.get('rounds', plan.rounds)}"),
-            ("seed", get("seed")), ("method", plan.method), ("model", plan.model.label()),
+            ("seed", get("seed")), ("method", plan.method), ("model", plan.model.describe()),
             ("batch size", str(plan.batch_size)), ("local epochs", str(plan.local_epochs)),
             ("optimizer", plan.optimizer), ("learning rate", get("lr"))]
     extra = [("trained on", "device"), ("FedOLF TOA share", "toa"), ("measure memory", "measure_memory"),
@@ -154,9 +158,16 @@ def group_rows(run: Run) -> list[dict]:
         rows.append({"group": name, "devices": g.count, "runtime": g.runtime,
                      "memory budget": format_bytes(g.memory_budget_bytes),
                      "predicted peak": format_bytes(peak) if peak is not None else "-",
-                     "status": f"excluded: {g.reason}" if g.excluded else "takes part",
+                     "status": _status(g),
                      "device-rounds trained": trained.get(name, 0)})
     return rows
+
+
+def _status(g) -> str:
+    """'takes part', with the rounds it sits out and the budgets that keep it out; or why it is excluded."""
+    if g.excluded:
+        return f"excluded: {g.reason}"
+    return "; ".join(["takes part"] + [f"sits out {o.describe()}" for o in g.sits_out])
 
 
 def device_rows(run: Run) -> list[dict]:
@@ -178,7 +189,8 @@ def device_rows(run: Run) -> list[dict]:
             "predicted peak (max)": format_bytes(max(predicted)) if predicted else "-",
             "measured peak (max)": format_bytes(max(m for _, m in pairs)) if pairs else "not measured",
             "measured / predicted (median)": f"{statistics.median([m / p for p, m in pairs]):.2f}" if pairs else "-",
-            "energy": f"{sum(e['joules'] for e in energy):.3g} J over {len(energy)} round{'s' * (len(energy) != 1)}"
+            "energy (training)": f"{sum(e['joules'] for e in energy):.3g} J over {len(energy)} round"
+                                 f"{'s' * (len(energy) != 1)}"
             if energy else "not measured",
             "energy source": ", ".join(sources) or "-",
             "upload": _traffic(metrics, "upload"), "download": _traffic(metrics, "download")})

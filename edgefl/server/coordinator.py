@@ -25,6 +25,7 @@ from edgefl.planning.strategies.base import Strategy
 from edgefl.server.history import RoundRecord, record_from_json, record_to_json
 from edgefl.server.runstate import RunState
 from edgefl.transport import Transport
+from edgefl.units import format_bytes
 
 
 @dataclass
@@ -83,13 +84,17 @@ class Coordinator:
     def __init__(self, fleet: Fleet, plan: Plan, strategy: Strategy, server: ServerModel, transport: Transport,
                  settings: LoopSettings, examples: Callable[[str], int],
                  on_round: Optional[Callable[[RoundRecord], None]] = None, state: Optional[RunState] = None,
-                 online: Optional[Callable[[], Iterable[str]]] = None):
+                 online: Optional[Callable[[], Iterable[str]]] = None,
+                 declared: Optional[Callable[[str], Optional[int]]] = None):
         self.fleet, self.plan, self.strategy = fleet, plan, strategy
         self.server, self.transport, self.settings = server, transport, settings
         self.examples = examples
         self.on_round = on_round
         self.state = state
         self.online = online      # devices reachable now (deployment); None: all of them (emulation)
+        # the memory a device declared it grants (deployment; None: its group's budget): it would refuse a step
+        # predicted above it, every round, so it is not sent one
+        self.declared = declared
         self.group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
         self.devices = sorted(self.group_of)
         self.history: list[RoundRecord] = []
@@ -138,14 +143,22 @@ class Coordinator:
             group = self.fleet.group(self.group_of[device])
             step = self.strategy.configure_round(self.plan, r, group.name)
             if step is None:
-                record.skipped[device] = "no configuration of this method fits its group this round"
+                record.skipped[device] = self.strategy.idle_reason(self.plan, r, group.name)
                 continue
             bad = violations(step.predicted, group, step.config)
+            mine = self.declared(device) if self.declared is not None else None
+            if mine is not None and step.predicted.peak_memory_bytes > mine:
+                bad.append(f"peak memory {format_bytes(step.predicted.peak_memory_bytes)} > the {format_bytes(mine)} "
+                           f"its agent declared (--memory); give it --memory {format_bytes(group.memory_budget_bytes)}"
+                           ", its group's budget, or plan the group for what it has")
             if bad:  # budgets are enforced, not assumed
                 record.skipped[device] = "; ".join(bad)
                 continue
             seed = zlib.crc32(f"{self.settings.seed}/{device}".encode()) & 0x7FFFFFFF
             options = self.strategy.trainer_options(r, step, self.plan.groups[group.name])
+            # the plan's promise for this step (its constants, calibrated or not), which a device checks against
+            # the memory it grants before it trains
+            options["predicted_peak_bytes"] = step.predicted.peak_memory_bytes
             if group.examples is not None:   # the plan's FLOPs assume this many: a device trains no more
                 options["max_examples"] = group.examples
             if self.settings.measure_memory:

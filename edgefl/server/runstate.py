@@ -84,6 +84,16 @@ class RunState:
                 old.unlink(missing_ok=True)
         self._drop_journal(upto=round)
 
+    def completed(self) -> int:
+        """The last round checkpointed here (0 for a fresh folder), read without loading or checking the
+        checkpoint (`load` checks it)."""
+        try:
+            return int(json.loads((self.folder / "checkpoint.json").read_text())["round"])
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StorageError(f"{self.folder / 'checkpoint.json'}: unreadable ({exc}): {FIX}") from None
+
     def load(self) -> Optional[tuple[int, dict[str, np.ndarray], Strategy, list[dict]]]:
         """(last completed round, global tensors, strategy, history records) or None for a fresh folder;
         StorageError naming the file when the state is damaged or inconsistent."""

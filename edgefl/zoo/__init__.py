@@ -66,6 +66,14 @@ class ModelRef:
         extra = ",".join(f"{k}={v}" for k, v in self.kwargs)
         return f"{self.name}({extra})" if extra else self.name
 
+    def describe(self) -> str:
+        """The model for a person to read: 'cnn (1x28x28 input, 10 classes)'; `label` is the exact spelling."""
+        words = {"input_shape": lambda v: f"{'x'.join(map(str, v))} input", "num_classes": lambda v: f"{v} classes",
+                 "layers": lambda v: f"{v} layers", "vocab": lambda v: f"vocabulary {v}",
+                 "context": lambda v: f"context {v}"}
+        extra = [words[k](v) if k in words else f"{k} {v}" for k, v in self.kwargs]
+        return f"{self.name} ({', '.join(extra)})" if extra else self.name
+
 
 def build(ref: ModelRef, widths=None):
     """Build the torch model (imports torch). `widths`: one scale per layer, None for full width."""

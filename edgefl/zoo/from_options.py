@@ -7,6 +7,8 @@ from typing import Optional
 from edgefl.errors import ConfigError
 from edgefl.zoo import ModelRef, model_names
 
+IMAGE_MODELS = [m for m in model_names() if m != "transformer"]
+
 
 def model_ref(name: str, layers: Optional[list[int]] = None, classes: Optional[int] = None,
               vocab: Optional[int] = None, context: Optional[int] = None,
@@ -30,10 +32,24 @@ def model_ref(name: str, layers: Optional[list[int]] = None, classes: Optional[i
     return ModelRef.of(name, **kwargs)
 
 
+def check_reads(name: str, data, option: str = "--dataset") -> None:
+    """A ConfigError unless model `name` reads what `data` (edgefl.data.Dataset) holds: the transformer token
+    windows, every other model images."""
+    text = data.x.ndim == 2
+    if name == "transformer" and not text:
+        raise ConfigError(f"{option} {data.name}: it holds images and the transformer reads text; use --dataset "
+                          f"shakespeare with the transformer, or an image model ({', '.join(IMAGE_MODELS)}) on it")
+    if name != "transformer" and text:
+        raise ConfigError(f"{option} {data.name}: it holds text and {name} reads images; use --model transformer "
+                          f"with it, or an image data set with {name}")
+
+
 def model_for_data(name: str, train, layers: Optional[list[int]] = None, classes: Optional[int] = None,
                    input_shape: Optional[tuple[int, ...]] = None) -> ModelRef:
     """The model `name` sized for a training set (edgefl.data.Dataset): a transformer reads its token windows
     with its vocabulary; another model takes its images' shape and its class count unless given."""
+    if name in model_names():
+        check_reads(name, train)
     if name == "transformer" and train.x.ndim == 2:
         return model_ref(name, layers, vocab=train.classes, context=train.x.shape[1])
     if name != "transformer":

@@ -160,3 +160,43 @@ def test_the_native_trainer_gets_only_data_its_model_takes(exported, native_trai
     np.save(tmp_path / "y.npy", np.zeros(20, np.int64))
     one_line_error(device("train", "--artifacts", artifacts.folder, "--data", tmp_path, "--steps", 2),
                    str(tmp_path / "x.npy"), "uint8", "/ 255")
+
+
+def _truncated(folder, name: str, into):
+    """A copy of the set with file `name` cut in half and its manifest entry rewritten to match: what verification
+    cannot catch (a set re-hashed after a partial copy, an export that died writing)."""
+    import hashlib
+
+    into = shutil.copytree(folder, into)
+    path = into / name
+    half = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(half)
+    manifest = json.loads((into / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        if entry["name"] == name:
+            entry.update(bytes=len(half), sha256=hashlib.sha256(half).hexdigest())
+    (into / "manifest.json").write_text(json.dumps(manifest))
+    return into
+
+
+@pytest.mark.parametrize("runtime, trainer, name", [
+    ("executorch", "python", "suffix.pte"), ("executorch", "python", "state.npz"),
+    ("executorch", "native", "suffix.pte"), ("torch", "auto", "weights.npz"), ("ort", "auto", "eval_model.onnx")])
+def test_a_damaged_file_that_matches_its_manifest_is_one_line_naming_it(runtime, trainer, name, exported,
+                                                                        native_trainer, tmp_path):
+    """Before (issue 40): the Python ExecuTorch trainer and the torch set's np.load died with tracebacks (exit 1)."""
+    from export_cases import CNN, cnn_config
+    artifacts = exported(runtime, CNN, cnn_config(1))
+    folder = _truncated(artifacts.folder, name, tmp_path / "set")
+    np.save(tmp_path / "x.npy", np.zeros((16, *artifacts.prefix.inputs[0].shape[1:]), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros(16, np.int64))
+    one_line_error(device("train", "--artifacts", folder, "--data", tmp_path, "--steps", 2, "--trainer", trainer),
+                   str(folder / name) if trainer != "native" else str(folder / "suffix.pte"))
+
+
+def test_no_examples_is_one_line_saying_so(exported, tmp_path):
+    """Before: 'x has 0 examples and y 0 targets; y needs a whole number of targets per example'."""
+    np.save(tmp_path / "x.npy", np.zeros((0, 3, 8, 8), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros(0, np.int64))
+    r = device("train", "--artifacts", exported("ort", RESNET, CONFIG).folder, "--data", tmp_path)
+    one_line_error(r, f"--data {tmp_path / 'x.npy'}: no examples (x has 0 rows)", "edgefl data export")

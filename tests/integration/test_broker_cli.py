@@ -69,6 +69,24 @@ def test_config_writes_a_complete_deployment(tmp_path):
     assert "4 new" in r.stdout and not (out / "tls").exists()
 
 
+def test_a_deployment_git_would_not_ignore_is_warned_about(tmp_path):
+    """The README's demo wrote deploy/ (CA key, server key, every login) into the checkout, untracked and
+    unignored (issue 40): a deployment inside a git work tree that does not ignore it says so and the fix."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    fleet = write_fleet(tmp_path, IDS)
+    r = edgefl("broker", "config", "--devices", fleet, "-o", "deploy", "--tls", "--host", "localhost", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    warning = [line for line in r.stdout.splitlines() if line.startswith("warning:")]
+    assert warning == [f"warning: deploy holds every login and the TLS keys inside the git work tree {tmp_path}, "
+                       f"which does not ignore it: add '/deploy/' to {tmp_path}/.gitignore before 'git add'"], r.stdout
+    (tmp_path / ".gitignore").write_text("/deploy/\n")
+    r = edgefl("broker", "config", "--devices", fleet, "-o", "deploy", "--tls", "--host", "localhost", cwd=tmp_path)
+    assert r.returncode == 0 and "warning:" not in r.stdout, r.stdout
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"      # no work tree: nothing to say
+    r = edgefl("broker", "config", "--devices", fleet, "-o", outside, cwd=tmp_path.parent)
+    assert r.returncode == 0 and "warning:" not in r.stdout, r.stdout
+
+
 def test_rerun_keeps_logins_and_says_so(tmp_path):
     out = tmp_path / "deploy"
     assert edgefl("broker", "config", "--devices", write_fleet(tmp_path, IDS), "-o", out, "--plain").returncode == 0

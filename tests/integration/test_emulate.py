@@ -126,7 +126,8 @@ def test_a_data_set_too_small_for_examples_is_a_clear_error(tmp_path):
                         "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=os.environ)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     line = r.stderr.strip().splitlines()[-1]
-    assert "fleet.groups.small.examples: 200" in line and "lower examples" in line, line
+    assert line.endswith("fleet.groups.*.examples: the groups ask for 780 examples (small 3 x 200, big 2 x 90) and "
+                         "fashion-mnist has 500; lower some group's examples, or drop --train-limit"), line
 
 
 def test_fleet_up_shares_hold_the_groups_examples(tmp_path):
@@ -213,3 +214,44 @@ def test_force_never_empties_a_folder_that_is_not_a_run(tmp_path, fleet_text):
                        env=os.environ)
     assert r.returncode == 2 and "not an edgefl run" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert (tmp_path / "src" / "main.py").read_text() == "print('mine')\n"
+
+
+@pytest.mark.parametrize("model, dataset, says", [
+    ("transformer", "fashion-mnist", "--dataset fashion-mnist: it holds images and the transformer reads text; use "
+                                     "--dataset shakespeare with the transformer, or an image model (resnet20, "),
+    ("cnn", "shakespeare", "--dataset shakespeare: it holds text and cnn reads images; use --model transformer with "
+                           "it, or an image data set with cnn"),
+])
+def test_a_model_that_cannot_read_the_data_is_one_line_and_leaves_no_run_folder(tmp_path, fleet_text, model, dataset,
+                                                                                 says):
+    """Before (issue 40): the transformer planned on Fashion-MNIST, died in round 1 with a 60-line traceback and
+    left a run folder that status and report refused."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(fleet_text)
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "edgefl", "emulate", "--devices", str(fleet), "--model", model,
+                        "--dataset", dataset, "--method", "fedavg", "--rounds", "1", "--train-limit", "300",
+                        "-o", str(out)], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().startswith(f"edgefl: error: {says}"), r.stderr
+    assert not out.exists()
+
+
+def test_status_and_report_of_a_run_that_finished_no_round_say_so(tmp_path, fleet_text):
+    """A run folder with its plan but no finished round (stopped in round 1): status says so, report names why
+    it has nothing to draw."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(fleet_text)
+    out = tmp_path / "run"
+    r = subprocess.run(emulate_cli(fleet, out, rounds=1), capture_output=True, text=True, timeout=300, env=os.environ)
+    assert r.returncode == 0, r.stderr
+    (out / "history.json").unlink()          # as it stood while round 1 ran
+    (out / "weights.pt").unlink()
+    r = subprocess.run([sys.executable, "-m", "edgefl", "status", str(out)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert r.returncode == 0 and r.stdout.startswith(f"{out}: no round finished yet (its plan was written at "), r
+    r = subprocess.run([sys.executable, "-m", "edgefl", "report", str(out), "-o", str(tmp_path / "report")],
+                       capture_output=True, text=True, timeout=120, env=os.environ)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"edgefl: error: {out}: no round finished (it holds the plan but no history.json): the run stopped before its "
+        "first round ended, or is in it; report it once a round has finished"), r.stderr

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,63 @@ def test_device_command_passes_each_agent_its_own_login_and_the_ca(tmp_path):
     assert cmd[cmd.index("--credentials") + 1] == str(tmp_path / "creds" / "lab-1.json")
     assert cmd[cmd.index("--ca-file") + 1] == str(tmp_path / "ca.crt")
     assert cmd[cmd.index("--broker") + 1] == "mqtts://h:8883"
+
+
+ONE = "fleet:\n  name: one\n  groups:\n    lab: {count: 1, runtime: ort, memory_budget: 1GiB}\n"
+
+
+def test_a_second_fleet_up_of_the_same_devices_is_refused_saying_which_process_has_them(tmp_path):
+    """Before (issue 40): both fleets' agents stayed up with the same ids, mosquitto closed one connection for the
+    other every second ('already connected, closing old connection'), nothing said so, and the second overwrote the
+    first's logs."""
+    from mosquitto import Mosquitto
+
+    from edgefl.transport.mqtt import MqttTransport
+
+    fleet = tmp_path / "one.yaml"
+    fleet.write_text(ONE)
+    with Mosquitto(tmp_path / "broker") as broker:
+        first = fleet_up(tmp_path / "a", fleet, broker.url)
+        coordinator = MqttTransport(broker.url, None)
+        try:
+            assert "lab-0" in coordinator.wait_online(["lab-0"], 120), _logs(tmp_path / "a")
+            agent = next(p for p in os.listdir("/proc") if p.isdigit() and b"--id\0lab-0" in _cmdline(p)
+                         and str(broker.port).encode() in _cmdline(p))
+            log = tmp_path / "a" / "fleet" / "logs" / "lab-0.log"
+            deadline = time.monotonic() + 60     # it says so just after its presence is out: a loaded machine lags
+            while "online at" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            before = log.read_text()
+            # the same work folder: refused at once
+            again = fleet_up(tmp_path / "a", fleet, broker.url)
+            out, err = again.communicate(timeout=120)
+            assert again.returncode == 2, (out, err)
+            assert err.strip() == (f"edgefl: error: --workdir {tmp_path / 'a' / 'fleet'}: another 'edgefl fleet up' "
+                                   f"(pid {first.pid}) runs its agents from it; stop that one (Ctrl-C), or give this "
+                                   "one another --workdir"), err
+            # another work folder: its agent refuses the id the first's runs as, and the second fleet up says so
+            second = fleet_up(tmp_path / "b", fleet, broker.url)
+            out, err = second.communicate(timeout=180)
+            assert second.returncode == 2, (out, err)
+            said = (f"lab-0: another edgefl-device (pid {agent}) runs as lab-0 at {broker.url} on this machine; stop "
+                    "it first (two agents with one id take the broker connection from each other every second)")
+            assert f"lab-0 exited (2): edgefl-device: error: {said}" in " ".join(out.split()), out   # rich wraps
+            assert err.strip().startswith("edgefl: error: every device agent exited: lab-0 (2)"), err
+            time.sleep(2)      # the first's agent stays connected, and alone
+            assert first.poll() is None and "lab-0" in coordinator.online()
+            assert log.read_text() == before and "already connected" not in broker.log(), broker.log()
+        finally:
+            coordinator.close()
+            stop(first)
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _logs(folder: Path) -> str:
+    return "\n".join(p.read_text()[-800:] for p in sorted((folder / "fleet" / "logs").glob("*.log"))) \
+        if (folder / "fleet" / "logs").exists() else ""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from edgefl.engines.serving import Serving
 from edgefl.planning.plan import Plan
 from edgefl.server.history import RoundRecord, write_history
 from edgefl.units import format_bytes
@@ -43,10 +44,8 @@ def served_run(folder: Path, fleet: Path) -> dict:
     assert r.returncode == 0, r.stderr
     plan = Plan.read(folder / "plan.json")
     peak = plan.groups["big"].steps[0].predicted.peak_memory_bytes
-    (folder / "config.json").write_text(json.dumps({
-        "plan": "plan.json", "broker": "mqtt://127.0.0.1:1883", "method": plan.method, "model": plan.model.to_json(),
-        "rounds": 2, "seed": 7, "lr": 0.05, "round_timeout_s": 600.0, "min_reports": 1, "dataset": "fashion-mnist",
-        "clip_norm": None}))
+    serving = Serving(plan=folder / "plan.json", broker="mqtt://127.0.0.1:1883", seed=7, dataset="fashion-mnist")
+    (folder / "config.json").write_text(json.dumps(serving.config_json(plan, 2)))
     measured = {(1, "big-0"): 100 * 2**20, (1, "big-1"): 90 * 2**20, (2, "big-0"): 120 * 2**20}
     joules = {(1, "big-0"): 1.25, (1, "big-1"): 2.0, (2, "big-0"): 1.75}
     up, down = {"big-0": 4_000_000, "big-1": 3_000_000}, {"big-0": 9_000_000, "big-1": 8_000_000}
@@ -157,10 +156,12 @@ def test_settings_are_read_from_each_run_folder(rendered):
     assert slt["run"] == "emulated" and slt["data set"] == "fashion-mnist" and slt["partition"] == "iid"
     assert slt["examples"] == "300 training, 200 test" and slt["clients per round"] == "2"
     assert slt["seed"] == "0" and slt["method"] == "slt" and slt["rounds"] == "2 completed of 2"
-    assert slt["model"].startswith("cnn") and slt["edgefl version"] == version("edgefl")
+    assert slt["model"] == "cnn (1x28x28 input, 10 classes)" and slt["edgefl version"] == version("edgefl")
     campus = {row["setting"]: row["value"] for row in tables.table("campus", "Settings")}
     assert campus["run"] == "served over MQTT (mqtt://127.0.0.1:1883)" and campus["seed"] == "7"
-    assert campus["partition"] == "not recorded" and campus["edgefl version"] == "not recorded"
+    # a served run's server never sees how the devices' data was split, and says so; serve records its version
+    assert campus["partition"] == "the devices' own data (a served run's server holds none of it)"
+    assert campus["edgefl version"] == version("edgefl")
     assert campus["clients per round"] == "3 (most sampled in a round, from history)"
     assert campus["min reports"] == "1" and "update clip norm" not in campus   # serve wrote null: no row
 
@@ -184,9 +185,10 @@ def test_served_run_has_a_device_table_of_measured_vs_predicted(rendered):
     assert big0["measured peak (max)"] == format_bytes(120 * 2**20)
     ratios = sorted(s["measured"][r, "big-0"] / s["peak"] for r in (1, 2))
     assert big0["measured / predicted (median)"] == f"{sum(ratios) / 2:.2f}"
-    assert big0["energy"] == "3 J over 2 rounds" and big0["energy source"] == "rapl"
+    assert big0["energy (training)"] == "3 J over 2 rounds" and big0["energy source"] == "rapl"
     assert big0["upload"] == format_bytes(2 * s["up"]["big-0"]) and big0["download"] == format_bytes(2 * s["down"]["big-0"])
-    assert big1["rounds trained"] == "1" and big1["rounds sampled"] == "2" and big1["energy"] == "2 J over 1 round"
+    assert big1["rounds trained"] == "1" and big1["rounds sampled"] == "2"
+    assert big1["energy (training)"] == "2 J over 1 round"
     assert devices["small-0"]["measured peak (max)"] == "not measured"
     assert devices["small-0"]["upload"] == "not recorded"
 
@@ -299,3 +301,55 @@ def test_force_never_empties_a_folder_that_is_not_a_report(rendered):
 def test_report_of_a_folder_without_history_is_one_line(tmp_path):
     r = edgefl("report", tmp_path, "-o", tmp_path / "out", timeout=120)
     assert r.returncode == 2 and "history.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_page_has_contents_linking_every_section_and_figure(rendered):
+    """A 10,500 px page had no table of contents (issue 40)."""
+    import re
+
+    page = rendered["page"]
+    nav = re.search(r'<nav id="contents">(.*?)</nav>', page, re.S)
+    assert nav and page.index("<nav") < page.index('id="comparison"'), page[:3000]
+    targets = set(re.findall(r'<(?:h2|h3|figure) id="([^"]+)"', page))
+    assert {"comparison", "run-0", "run-2-devices", "memory_2", "accuracy_vs_round"} <= targets
+    assert set(re.findall(r'href="#([^"]+)"', nav.group(1))) == targets
+
+
+def test_a_served_run_says_why_it_has_no_accuracy_per_group(rendered):
+    assert ("Accuracy per group: not measured: a served run&#x27;s server holds none of its devices&#x27; data, so "
+            "it evaluates the global model on the --dataset test split only.") in rendered["page"]
+
+
+def test_an_excluded_groups_reason_covers_no_bar_label(rendered):
+    """The reason sat in a box over the bars and covered their labels (issue 40): it goes under the group's name,
+    below the axis."""
+    from edgefl.report import plots as report_plots
+    from edgefl.report.runs import load_run
+
+    run = load_run(rendered["runs"][1])
+    assert run.plan.groups["brick"].excluded
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(report_plots.memory_per_group(run))     # as the page's PNG is drawn
+    canvas.draw()
+    fig, renderer = canvas.figure, canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t.get_window_extent(renderer) for t in ax.texts if t.get_text()]     # the bars' value labels
+    reasons = [t for t in ax.get_xticklabels() + ax.texts if "excluded:" in t.get_text()]
+    assert len(labels) >= 5 and len(reasons) == 1, [t.get_text() for t in ax.texts]
+    box = reasons[0].get_window_extent(renderer)
+    assert not any(box.overlaps(label) for label in labels)
+    assert box.y1 <= ax.get_window_extent(renderer).y0          # below the axes
+
+
+def test_an_accuracy_axis_spans_at_least_a_tenth(rendered):
+    """A run whose accuracy moved from 0.1625 to 0.1608 was drawn on an axis from 0.16075 to 0.1625, a fall."""
+    from edgefl.report import plots as report_plots
+    from edgefl.report.runs import load_run
+
+    run = load_run(rendered["runs"][2])
+    flat = [dict(r, accuracy=0.1625 - 0.0017 * (r["round"] - 1)) for r in run.rounds]
+    run.rounds = flat
+    for fig in (report_plots.accuracy_vs_round([run]), report_plots.accuracy_vs_cumulative([run], "upload_bytes")):
+        lo, hi = fig.axes[0].get_ylim()
+        assert hi - lo >= report_plots.ACCURACY_SPAN - 1e-9 and lo <= 0.1608 and hi >= 0.1625, (lo, hi)

@@ -50,10 +50,15 @@ def test_four_devices_three_runtimes_two_rounds(tmp_path):
                             "--round-timeout", "300")
     rounds = history["rounds"]
     assert [r["round"] for r in rounds] == [1, 2]
+    budgets = {g.name: g.memory_budget_bytes for g in parse_fleet(fleet.read_text()).groups}
     for r in rounds:
         assert r["aggregated"] and sum(r["participating_devices"].values()) == 4, (r["failed"], r["missing"])
         for device, metrics in r["device_metrics"].items():
-            assert r["measured_peak_bytes"][device] > 0
+            # the plan's promise, per report and runtime: what the device measured (its training process's peak
+            # RSS) is within what the plan predicted, which is within its group's budget
+            measured, predicted = r["measured_peak_bytes"][device], r["predicted_peak_bytes"][device]
+            assert 0 < measured <= predicted <= budgets[r["sampled"][device]], (device, metrics["runtime"], measured,
+                                                                                predicted)
             energy = metrics["energy"]
             assert energy["source"] in ("rapl", "ina219", "battery", "profile") and energy["joules"] > 0
             assert energy["estimated"] == (energy["source"] == "profile")

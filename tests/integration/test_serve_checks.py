@@ -68,7 +68,28 @@ def test_only_the_fleets_devices_count_as_online_and_strangers_are_named():
         "1 of 9 devices online (not yet: pi-1, pi-2, pi-3, pi-4, pi-5 and 3 more)"
 
 
+def test_a_resumed_run_names_the_devices_its_last_round_found_offline_apart():
+    from edgefl.engines.serving import offline_in, online_line
+
+    last = {"round": 6, "skipped": {"pi-1": "offline", "pi-3": "its group sits out rounds 6-9: ..."},
+            "failed": {"pi-4": "offline: its connection was lost (last will) 3 s after its round-6 instruction; ...",
+                       "pi-5": "out of memory"}}
+    gone = offline_in(last)
+    assert gone == {"pi-1": "offline in round 6", "pi-4": "offline in round 6"}
+    line = online_line({"pi-0": {}}, ["pi-0", "pi-1", "pi-2"], "mqtt://b:1883", 60, gone)
+    assert line == "1 of 3 devices online (not waited for: pi-1 (offline in round 6); not yet: pi-2)"
+
+
 def test_nobody_of_the_fleet_online_is_an_error_naming_the_fix():
     with pytest.raises(TransportError, match=r"none of the 2 devices of the plan came online at mqtt://b:1883 within "
                                              r"60 s \(ids pi-0, pi-1\); start them with their logins"):
         _online_line(["stranger"], ["pi-0", "pi-1"])
+
+
+def test_more_rounds_than_the_plan_has_are_refused_before_connecting(plan, tmp_path):
+    """Rounds past the plan gave every device 'no configuration fits' (issue 40): one line with the fix."""
+    r = edgefl("serve", "--plan", plan, "--broker", "mqtt://127.0.0.1:1", "--rounds", "10", "--state",
+               tmp_path / "state", timeout=120)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip() == (f"edgefl: error: --rounds 10: the plan {plan} has 1 round, so no device would train in "
+                                "rounds 2-10; plan again with 'edgefl plan ... --rounds 10', or leave --rounds out")

@@ -38,8 +38,35 @@ def test_an_instruction_over_the_declared_memory_is_refused(wired):
     wired.send(_instruction(predicted_peak_bytes=300 * MiB), {})
     (report,) = wired.collect(4, ["pi-1"], timeout_s=10)
     assert report.status == "failed"
-    assert report.reason.startswith("refused: predicted peak 314572800 B exceeds this device's declared memory")
+    assert report.reason == "refused: predicted peak 314572800 B exceeds this device's memory 104857600 B (declared " \
+                            "with --memory)"
     assert report.config_hash == _instruction().config_hash
+
+
+@pytest.mark.parametrize("group, predicted, reason", [
+    (180, 190, "refused: predicted peak 199229440 B exceeds this device's memory 188743680 B (its group's budget)"),
+    (None, 210, "refused: predicted peak 220200960 B exceeds this device's memory 209715200 B (its profile's "
+                "default)"),
+    (None, 190, "refused: the instruction names no artifact set (roles: [])"),      # 190 fits the profile's 200
+])
+def test_an_agent_without_memory_holds_its_groups_budget_else_its_profiles(tmp_path, group, predicted, reason):
+    """A Pi Zero 2 W profile says 200 MiB; its campus group grants 180 MiB, and the coordinator sends that with
+    every instruction: the agent holds 180 MiB (it declared the profile's 200 before, issue 40)."""
+    transport = InMemoryTransport()
+    link = DeviceLink(transport.connect("pi-1"), "pi-1", tmp_path / "cache")
+    agent = DeviceAgent(link, "pi-1", tmp_path / "data", "ort", profile_memory_bytes=200 * MiB)
+    assert agent.profile()["memory_bytes"] is None and agent.profile()["profile_memory_bytes"] == 200 * MiB
+    options = {"predicted_peak_bytes": predicted * MiB} | ({"memory_budget_bytes": group * MiB} if group else {})
+    try:
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.serve, args=(stop, 1), kwargs={"poll_s": 0.05}, daemon=True)
+        thread.start()
+        transport.send(_instruction(**options), {})
+        (report,) = transport.collect(4, ["pi-1"], timeout_s=10)
+        thread.join(timeout=10)
+    finally:
+        transport.close()
+    assert report.status == "failed" and report.reason == reason
 
 
 def test_an_instruction_of_another_protocol_version_is_refused(wired):

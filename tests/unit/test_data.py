@@ -6,6 +6,7 @@ import os
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,6 +250,34 @@ def test_natural_and_iid():
     assert [len(p) for p in data.iid(10, 3, seed=0)] == [4, 3, 3]
     with pytest.raises(ConfigError, match="natural clients"):
         data.parse_partition("natural").split(LABELS, 10, seed=0)
+
+
+def test_an_iid_split_gives_each_group_its_examples():
+    """Groups of different `examples:` fit a data set their total fits (issue 40: the campus fleet's 400, 500 and
+    600 examples each failed on Fashion-MNIST, whose 60,000 went to 165 devices 363 apiece)."""
+    from edgefl.data.base import Dataset
+    from edgefl.data.shares import device_shares
+    from edgefl.fleet import load_fleet, parse_fleet
+
+    def dataset(n):
+        return Dataset(x=np.zeros((n, 1), np.float32), y=np.arange(n) % 10, classes=10, name="t")
+
+    fleet = parse_fleet("fleet:\n  groups:\n    a: {count: 3, memory_budget: 1GiB, examples: 100}\n"
+                        "    b: {count: 2, memory_budget: 1GiB, examples: 250}\n    c: {count: 2, memory_budget: 1GiB}\n")
+    shares = device_shares(fleet, dataset(1000), "iid", seed=3)
+    assert {d: len(i) for d, i in shares.items()} == {"a-0": 100, "a-1": 100, "a-2": 100, "b-0": 250, "b-1": 250,
+                                                       "c-0": 100, "c-1": 100}
+    every = np.concatenate(list(shares.values()))
+    assert len(every) == len(set(every.tolist())) == 1000              # disjoint, and c shares the rest
+    assert {d: i.tolist() for d, i in device_shares(fleet, dataset(1000), "iid", seed=3).items()} == \
+        {d: i.tolist() for d, i in shares.items()}                      # seeded
+    with pytest.raises(ConfigError, match=r"^fleet.groups.\*.examples: the groups ask for 800 examples \(a 3 x 100, "
+                                          r"b 2 x 250\) and the data set has 700; lower"):
+        device_shares(fleet, dataset(700), "iid", seed=3)
+
+    campus = load_fleet(Path(__file__).resolve().parents[2] / "examples" / "fleet.yaml")
+    shares = device_shares(campus, dataset(60_000), "iid", seed=0)      # Fashion-MNIST's training split
+    assert all(len(shares[d]) == g.examples for g in campus.groups for d in g.device_ids)
 
 
 @pytest.mark.parametrize("spec", ["", "iid:2", "dirichlet", "dirichlet:0", "dirichlet:-1", "dirichlet:nan",

@@ -35,3 +35,15 @@ def test_version_prints_the_installed_edgefl_version():
                        text=True, env=os.environ, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["edgefl-device", version("edgefl")]
+
+
+def test_a_memory_in_bits_is_one_line_naming_the_option(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.zeros((4, 1, 28, 28), np.float32))
+    np.save(tmp_path / "y.npy", np.zeros(4, np.int64))
+    r = subprocess.run([sys.executable, "-m", "edgefl.device_runtime.cli", "--id", "d", "--broker", "mqtt://127.0.0.1:1",
+                        "--data", str(tmp_path), "--runtime", "ort", "--memory", "4Mb"],
+                       capture_output=True, text=True, env=os.environ, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "edgefl-device: error: --memory: '4Mb' is in megabits; a size is in bytes: write 4MB or 4MiB"

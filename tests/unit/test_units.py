@@ -17,7 +17,6 @@ from edgefl.units import format_bytes, format_flops, parse_bitrate, parse_bytes,
     (" 1KiB ", 1024),
     ("1kB", 1000),
     ("512Mi", 536870912),      # Kubernetes-style: a binary prefix alone means bytes
-    ("8Mbit", 1000000),
     ("100B", 100),
     ("3 bytes", 3),
     ("1e3", 1000),
@@ -71,13 +70,29 @@ def test_unparsable_raises_with_input(parse, text):
 
 
 @pytest.mark.parametrize("parse, text", [
-    (parse_bytes, "5 XB"), (parse_bytes, "5W"), (parse_flops, "5GB"), (parse_flops, "10GFLOP/s"),
+    (parse_flops, "5GB"), (parse_flops, "10GFLOP/s"),
     (parse_watts, "5 mW"), (parse_watts, "5 J"), (parse_bitrate, "5 Mbit"), (parse_bitrate, "5 W"),
 ])
 def test_unknown_unit_raises_with_input_and_unit_list(parse, text):
     with pytest.raises(ValueError, match="unknown unit") as info:
         parse(text)
     assert repr(text) in str(info.value) and "use one of" in str(info.value)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("4Mb", "'4Mb' is in megabits; a size is in bytes: write 4MB or 4MiB"),
+    ("8Mbit", "'8Mbit' is in megabits; a size is in bytes: write 8MB or 8MiB"),
+    ("2 Gbits", "'2 Gbits' is in gigabits; a size is in bytes: write 2GB or 2GiB"),
+    ("128 mb", "unknown unit 'mb' in '128 mb'; a size is in bytes (B) with a decimal (kB, MB, GB, TB) or binary "
+               "(KiB, MiB, GiB, TiB) prefix: write 128MB or 128MiB"),
+    ("64mib", "write 64MB or 64MiB"), ("1 gb", "write 1GB or 1GiB"), ("16kb", "'16kb' is in kilobits"),
+    ("5 XB", "unknown unit 'XB' in '5 XB'"), ("5W", "e.g. 5MB or 5MiB"),
+])
+def test_a_size_in_bits_or_with_a_lower_case_prefix_is_refused_with_the_spelling_meant(text, says):
+    """A byte budget is never read in bits (4Mb was 488 KiB), and the error lists MB and MiB."""
+    with pytest.raises(ValueError) as info:
+        parse_bytes(text)
+    assert says in str(info.value)
 
 
 @pytest.mark.parametrize("parse, text", [(parse_flops, "2MiFLOP"), (parse_watts, "3KiW"), (parse_watts, "2Gi")])

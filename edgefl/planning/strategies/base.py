@@ -13,7 +13,7 @@ from edgefl.cost.constants import DEFAULTS, RuntimeConstants, unmeasured_note
 from edgefl.cost.model import Cost, config_cost
 from edgefl.cost.profile_store import ProfileStore
 from edgefl.fleet import Fleet, Group
-from edgefl.planning.plan import GroupPlan, Plan, Step, violations
+from edgefl.planning.plan import GroupPlan, Plan, SitOut, Step, violations
 from edgefl.trainconfig import TrainConfig
 from edgefl.units import format_bytes
 from edgefl.zoo import ModelRef
@@ -109,6 +109,10 @@ class Strategy:
         """The step a device of `group` trains in `round`; the plan's, unless a method decides online."""
         return plan.groups[group].step_at(round)
 
+    def idle_reason(self, plan: Plan, round: int, group: str) -> str:
+        """Why a device of `group` trains nothing in `round` (configure_round gave it no step)."""
+        return plan.groups[group].idle_reason(round)
+
     def trainer_options(self, round: int, step: Step, group: Optional[GroupPlan] = None) -> dict:
         """Method-specific switches for the device's trainer (FjORD's widths, DepthFL's exits and
         distillation, m-FeDepth's mutual learning); `group` is the device's group plan (its flags)."""
@@ -143,14 +147,25 @@ def deepest_trained(configs: Sequence[TrainConfig]) -> Optional[TrainConfig]:
 
 
 def group_plan(ctx: PlanContext, group: Group, steps: Sequence[Step], cheapest: Sequence[TrainConfig],
-               flags: Sequence[str] = (), reason: str = "") -> GroupPlan:
+               flags: Sequence[str] = (), reason: str = "",
+               idle: Sequence[tuple[tuple[int, int], TrainConfig]] = ()) -> GroupPlan:
     """A group's plan. `cheapest`: the least demanding configs the method could give this group; the
-    smallest of their peak memories is the budget that would let the group take part."""
+    smallest of their peak memories is the budget that would let the group take part. `idle`: the round ranges
+    the group gets no step in, each with the least demanding config the method had for it: the budgets that
+    config breaks are why the group sits those rounds out (adjacent ranges kept out by the same budgets merge)."""
     costs = [(ctx.cost(c, group.runtime), c) for c in cheapest]
     low_cost, low_config = min(costs, key=lambda pair: pair[0].peak_memory_bytes)
+    sits_out: list[SitOut] = []
+    for rounds, config in sorted(idle, key=lambda pair: pair[0]):
+        why = "; ".join(violations(ctx.cost(config, group.runtime), group, config)) or "no configuration fits"
+        if sits_out and sits_out[-1].reason == why and sits_out[-1].rounds[1] + 1 == rounds[0]:
+            rounds = (sits_out.pop().rounds[0], rounds[1])
+        sits_out.append(SitOut(rounds, why))
     if not steps and not reason:
         bad = violations(low_cost, group, low_config)
-        if not bad:
+        if sits_out:
+            reason = "no round it can train: " + ", ".join(o.describe() for o in sits_out)
+        elif not bad:
             reason = "no step of this method fits the group's budgets"
         else:
             reason = "its smallest configuration breaks the budget: " + "; ".join(bad)
@@ -159,7 +174,8 @@ def group_plan(ctx: PlanContext, group: Group, steps: Sequence[Step], cheapest: 
     return GroupPlan(name=group.name, count=group.count, runtime=group.runtime,
                      memory_budget_bytes=group.memory_budget_bytes, upload_budget_bytes=group.upload_budget_bytes,
                      flops_budget=group.flops_budget, examples=group.examples,
-                     min_memory_bytes=low_cost.peak_memory_bytes, steps=list(steps), reason=reason, flags=tuple(flags))
+                     min_memory_bytes=low_cost.peak_memory_bytes, steps=list(steps), reason=reason, flags=tuple(flags),
+                     sits_out=sits_out if steps else [])
 
 
 def whole_run(ctx: PlanContext, group: Group, config: Optional[TrainConfig], label: str = "") -> list[Step]:

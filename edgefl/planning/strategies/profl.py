@@ -61,6 +61,11 @@ class ProFL(Strategy):
         key = order[min(self.current, len(order) - 1)]
         return next((s for s in plan.groups[group].steps if s.rounds == key), None)
 
+    def idle_reason(self, plan: Plan, round: int, group: str) -> str:
+        """The current step's sit-out: steps move online, so a round is named by the step it runs."""
+        order = self.order(plan)
+        return plan.groups[group].idle_reason(order[min(self.current, len(order) - 1)][0] if order else round)
+
     def evaluated_config(self, plan: Plan):
         """The model the current step trains: the blocks up to its end and its output module, until a step
         ends in the classifier (the last block, shrinking's first step and growing's last). Mid-schedule the
@@ -136,7 +141,7 @@ class ProFL(Strategy):
         ranges = round_schedule(ctx.rounds, [i + 1 for i in range(len(order))], len(order))
         groups = {}
         for g in ctx.fleet.groups:
-            steps = []
+            steps, idle = [], []
             for (stage, t), rounds in zip(order, ranges, strict=True):
                 if rounds[0] > rounds[1]:
                     continue
@@ -145,6 +150,8 @@ class ProFL(Strategy):
                         steps.append(Step(rounds=rounds, config=config, predicted=ctx.cost(config, g.runtime),
                                           label=f"{stage} block {t + 1}/{T}: {what}"))
                         break
-            groups[g.name] = group_plan(ctx, g, steps, [output_only(t) for t in range(T)])
+                else:
+                    idle.append((rounds, output_only(t)))
+            groups[g.name] = group_plan(ctx, g, steps, [output_only(t) for t in range(T)], idle=idle)
         notes = [f"blocks end at layers {ends}; {len(order)} steps (shrinking {T - 1}, growing {T})"]
         return self.new_plan(ctx, groups, notes)

@@ -6,6 +6,18 @@ N is the first step where s = 1 fits; a pre-training step trains the whole model
 Heterogeneous fleets: the tightest group sets s_n, every other group keeps K_T and s_n but freezes as
 few layers as its own budget allows (eq. 7). Rounds follow the share of parameters trained (eq. 5/6).
 Layer indices here are 0-based: frozen_prefix = K_F, head_start = K_T.
+
+Where edgefl departs from the paper (sec. 3, "heterogeneous constraints"):
+- A budget is memory, upload bytes per round and FLOPs per round alike: eq. 2 and eq. 7 read
+  memory(S_n) <= m_constraint as "S_n breaks none of the group's budgets". The paper constrains memory only
+  (its sec. 5 names per-round communication and FLOP constraints as future work).
+- Eq. 7 searches K_F in [0, K_T - 1], which for a group tighter in another budget than the one that set s_n
+  (an upload budget below the full-width layer K_T's parameters) can hold no configuration: the group would sit
+  out the step. Here the search goes on past the paper: K_F = K_T, freezing the layer the step fills too and
+  training the head alone at s_n; and where s_n = 1 (the last step, no head left to keep whole), K_F up to
+  K - 1, training only the last layers. A frozen layer is never narrower than full width, so K_F never passes
+  K_T while the head is scaled. A group that no configuration of a step fits still sits it out, and the plan
+  names those rounds with the budgets its most frozen configuration breaks (`GroupPlan.sits_out`).
 """
 from __future__ import annotations
 
@@ -88,18 +100,21 @@ class SLT(Strategy):
 
         groups, notes = {}, []
         for g in ctx.fleet.groups:
-            planned = []
+            planned, idle = [], []
             for n in steps:
                 first_round, last_round = ranges[n]
                 if first_round > last_round:
                     continue
-                config = self.least_frozen(ctx, n, widths[n], g)
-                if config is not None:
+                candidates = self.freezing(ctx, n, widths[n])
+                config = ctx.best(candidates, g)
+                if config is None:
+                    idle.append((ranges[n], candidates[-1]))
+                else:
                     planned.append(Step(rounds=ranges[n], config=config, predicted=ctx.cost(config, g.runtime),
                                         label="pre-training" if n == 0 else f"step {n}"))
-            # the least demanding SLT configurations: the narrowest pre-training and the last layers alone
-            cheapest = [slt_config(ctx, 0, WIDTHS[-1]), slt_config(ctx, K - 1, 1.0)]
-            groups[g.name] = group_plan(ctx, g, planned, cheapest)
+            # the least demanding SLT configurations: the narrowest pre-training and the last layer alone
+            cheapest = [slt_config(ctx, 0, WIDTHS[-1]), slt_config(ctx, K - 1, 1.0, frozen=K - 1)]
+            groups[g.name] = group_plan(ctx, g, planned, cheapest, idle=idle)
         skipped = [n for n in steps if ranges[n][0] > ranges[n][1]]
         notes.append(f"N = {last} steps after pre-training; head widths s_n: "
                      + ", ".join(f"{n}:{widths[n]:g}" for n in steps))
@@ -108,8 +123,13 @@ class SLT(Strategy):
         return self.new_plan(ctx, groups, notes)
 
     def least_frozen(self, ctx: PlanContext, n: int, s: float, group) -> Optional[TrainConfig]:
-        """Eq. 7: for K_T = n and s_n, the smallest K_F the group's budget allows."""
+        """Eq. 7: for K_T = n and s_n, the smallest K_F the group's budgets allow."""
+        return ctx.best(self.freezing(ctx, n, s), group)
+
+    def freezing(self, ctx: PlanContext, n: int, s: float) -> list[TrainConfig]:
+        """Step n's configurations from the least frozen: eq. 7's K_F = 0 .. K_T - 1, then (module doc) K_F = K_T,
+        or up to K - 1 where the step trains at full width. Pre-training freezes nothing."""
         if n == 0:
-            config = slt_config(ctx, 0, s)
-            return config if ctx.fits(config, group) else None
-        return ctx.best([slt_config(ctx, n, s, frozen=k) for k in range(0, n)], group)
+            return [slt_config(ctx, 0, s)]
+        most = ctx.num_layers - 1 if slt_config(ctx, n, s).head_width == 1 else n
+        return [slt_config(ctx, n, s, frozen=k) for k in range(0, most + 1)]

@@ -1,0 +1,59 @@
+"""Ctrl-C on `edgefl serve` (issue 40), with real processes: one line saying where it stopped and how to resume,
+exit 130, and `edgefl status` naming the interrupt (it said 'run stopped:' and nothing more); started again it
+says that it resumes and at which round, and does not wait out --wait-online for an agent that died (the rounds
+before found it offline): it waited the full 60 s for it."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from served_run import ServedRun, edgefl, wait_for, write_plan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FLEET = "fleet:\n  name: pair\n  groups:\n    pi: {count: 2, runtime: ort, memory_budget: 1GiB}\n"
+WAIT_ONLINE_S = 120      # ServedRun.serve_command's --wait-online
+ROUNDS = 4
+
+
+def _rounds(state) -> list[dict]:
+    try:
+        return json.loads((state / "history.json").read_text())["rounds"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def test_ctrl_c_says_how_to_resume_and_the_restart_does_not_wait_for_a_dead_agent(tmp_path):
+    fleet, plan = write_plan(tmp_path, FLEET, "fedavg", rounds=ROUNDS)
+    state = tmp_path / "state"
+    with ServedRun(tmp_path, fleet, plan, train_limit=400) as run:
+        serve = subprocess.Popen(run.serve_command(state, ROUNDS, "--round-timeout", "120"), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: _rounds(state) or serve.poll() is not None, 400, "round 1 checkpointed")
+        os.kill(run.device_pids()["pi-1"], signal.SIGKILL)      # the broker publishes its last will
+        wait_for(lambda: len(_rounds(state)) >= 2 or serve.poll() is not None, 400, "round 2 checkpointed")
+        serve.send_signal(signal.SIGINT)
+        out, err = serve.communicate(timeout=120)
+        done = len(_rounds(state))
+        assert serve.returncode == 130 and "Traceback" not in err, (out[-2000:], err[-2000:])
+        assert err.strip().splitlines()[-1] == (f"edgefl: interrupted in round {done + 1}; rounds 1-{done} are "
+                                                f"checkpointed in {state}: run the same command to resume at round "
+                                                f"{done + 1}"), err
+        shown = subprocess.run(edgefl("status", str(state)), capture_output=True, text=True, timeout=60).stdout
+        assert shown.startswith("run stopped: interrupted (Ctrl-C or SIGTERM) at "), shown
+        assert "start edgefl serve again with the same --state to resume" in shown.splitlines()[0], shown
+
+        started = time.monotonic()
+        again = subprocess.run(run.serve_command(state, ROUNDS, "--round-timeout", "120"), capture_output=True,
+                               text=True, timeout=400)
+        took = time.monotonic() - started
+    assert again.returncode == 0, (again.stdout[-3000:], again.stderr[-3000:])
+    assert f"resuming {state} at round {done + 1} of {ROUNDS}: rounds 1-{done} are checkpointed there" in again.stdout
+    assert f"1 of 2 devices online (not waited for: pi-1 (offline in round {done}))" in again.stdout, again.stdout
+    assert took < WAIT_ONLINE_S, took
+    rounds = _rounds(state)
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    for r in rounds[done:]:
+        assert r["skipped"] == {"pi-1": "offline"} and r["participating_devices"] == {"pi": 1}, r
