@@ -9,7 +9,10 @@
           memory_budget: 180MiB
           upload_budget: 2MB
 
-A group's profile supplies defaults (memory budget, runtime); the group's own keys override them.
+A group's profile supplies defaults (memory budget, runtime); the group's own keys override them. `agent:
+python` says the group's devices run the Python agent (`edgefl-device` from the wheels) rather than the native
+one (`bin/edgefl-device` of a bundle, the default): the plan counts that agent's resident memory against the
+memory budget.
 Every error names the file, the field and the fix, in one line.
 
 Device ids: `ids: [...]` lists them; `count: N` names them `<group>-0` ... `<group>-<N-1>` (`device_id`),
@@ -30,6 +33,8 @@ from edgefl.hardware import DeviceProfile, load_profile
 from edgefl.units import parse_bytes, parse_flops
 
 Runtime = Literal["ort", "executorch", "torch"]
+Agent = Literal["native", "python"]
+DEFAULT_AGENT = "native"
 _SIZE_EXAMPLE = {"memory_budget": "180MiB", "upload_budget": "2MB", "flops_budget": "50GFLOP"}
 # every device gets a name in memory: a mistyped count (4000000000) must fail, not hang the loader
 MAX_DEVICES = 1_000_000
@@ -48,6 +53,9 @@ class GroupSpec(_Strict):
     upload_budget: Optional[int] = None
     flops_budget: Optional[float] = None
     runtime: Optional[Runtime] = None
+    # the program that stays resident on the device beside each round's training process: its memory is
+    # part of what the plan promises (edgefl.cost.constants.AGENT_RESIDENT_BYTES)
+    agent: Optional[Agent] = None
     examples: Optional[int] = Field(default=None, ge=1, strict=True)
 
     @field_validator("memory_budget", "upload_budget", mode="before")
@@ -101,6 +109,7 @@ class Group:
     runtime: str
     examples: Optional[int]
     profile: Optional[DeviceProfile]
+    agent: str = DEFAULT_AGENT              # the device agent kind: native | python
 
     @property
     def count(self) -> int:
@@ -264,6 +273,6 @@ def _resolve(body: FleetBody, where: str) -> Fleet:
             memory_budget_bytes=memory,
             upload_budget_bytes=g.upload_budget, flops_budget=g.flops_budget,
             runtime=g.runtime or (profile.runtime if profile else "torch"),
-            examples=g.examples, profile=profile,
+            examples=g.examples, profile=profile, agent=g.agent or DEFAULT_AGENT,
         ))
     return Fleet(name=body.name, groups=tuple(groups))

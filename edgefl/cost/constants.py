@@ -20,6 +20,13 @@ from edgefl.errors import ConfigError
 
 MiB = 2**20
 
+# What the device agent keeps resident beside each round's training process, per agent kind: the largest
+# VmHWM an agent reached over served rounds of every runtime (bench/device_memory.py writes
+# bench/results/device_memory.json; the Python agent grows over its first rounds as its allocator keeps
+# freed arenas, then stays flat). A plan's predicted peak is the training process's plus this: the memory
+# budget is the whole device's.
+AGENT_RESIDENT_BYTES: dict[str, int] = {"native": 8 * MiB, "python": 75 * MiB}
+
 
 @dataclass(frozen=True)
 class FamilyTerms:

@@ -65,6 +65,9 @@ class Cost:
     upload_bytes: int
     download_bytes: int
     trained_params: int
+    # what the device agent keeps resident beside the training process (edgefl.cost.constants
+    # .AGENT_RESIDENT_BYTES): the promise is for the whole device; 0 for the training process alone
+    agent_bytes: int = 0
     terms: Optional["PeakTerms"] = field(default=None, compare=False, repr=False)   # the peak, constants apart
 
     @property
@@ -73,8 +76,14 @@ class Cost:
                 + self.optimizer_bytes + self.activation_bytes + self.workspace_bytes)
 
     @property
-    def peak_memory_bytes(self) -> int:
+    def process_peak_bytes(self) -> int:
+        """The training process's own peak: what calibration fits and a device's child measures."""
         return self.runtime_baseline_bytes + self.training_bytes
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        """The whole device's: the training process and the agent beside it."""
+        return self.process_peak_bytes + self.agent_bytes
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "terms"}

@@ -47,7 +47,7 @@ def fleet_of(plan: Plan, fleet: Optional[Fleet] = None, where: str = "--devices"
     for name, g in plan.groups.items():
         ids = tuple(device_id(name, i) for i in range(g.count))
         groups.append(Group(name, ids, g.memory_budget_bytes, g.upload_budget_bytes, g.flops_budget, g.runtime,
-                            g.examples, None))
+                            g.examples, None, g.agent))
     return Fleet(name="plan", groups=tuple(groups))
 
 

@@ -40,8 +40,12 @@ def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], lis
                 if why:
                     refused.append(Refused(device, record["round"], why))
                     continue
-                out.append(PeakSample(group.runtime, group.name, device, record["round"],
-                                      record["predicted_peak_bytes"][device], int(peak), terms, plan.model.name))
+                # calibration fits the training process: the agent's share of the promise (predicted) and of the
+                # device's peak (measured, reported apart) stay out
+                predicted = record["predicted_peak_bytes"][device] - step.predicted.agent_bytes
+                child = metrics.get(device, {}).get("child_peak_bytes", peak)
+                out.append(PeakSample(group.runtime, group.name, device, record["round"], predicted, int(child),
+                                      terms, plan.model.name))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{run}: not a served run with measured peaks ({type(exc).__name__}: {exc}); "
                           "calibrate needs the history.json and plan.json that 'edgefl serve --state DIR' writes") from None

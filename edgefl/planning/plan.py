@@ -78,6 +78,7 @@ class GroupPlan:
     reason: str = ""                            # why excluded, or what limits it
     flags: tuple[str, ...] = ()                 # method-specific marks, e.g. 'mutual-distillation'
     sits_out: list[SitOut] = field(default_factory=list)   # rounds without a step, each with its reason
+    agent: str = "native"                       # the device agent its steps' predicted peaks include
 
     @property
     def excluded(self) -> bool:
@@ -99,7 +100,7 @@ class GroupPlan:
             f"the plan gives its group no step in round {round}"
 
     def to_json(self) -> dict:
-        return {"count": self.count, "runtime": self.runtime, "examples": self.examples,
+        return {"count": self.count, "runtime": self.runtime, "agent": self.agent, "examples": self.examples,
                 "budget": {"memory_bytes": self.memory_budget_bytes, "upload_bytes": self.upload_budget_bytes,
                            "flops_per_round": self.flops_budget},
                 "excluded": self.excluded, "min_memory_bytes": self.min_memory_bytes, "reason": self.reason,
@@ -113,7 +114,7 @@ class GroupPlan:
                    upload_budget_bytes=b["upload_bytes"], flops_budget=b["flops_per_round"], examples=d.get("examples"),
                    min_memory_bytes=d["min_memory_bytes"], steps=[Step.from_json(s) for s in d["steps"]],
                    reason=d.get("reason", ""), flags=tuple(d.get("flags", ())),
-                   sits_out=[SitOut.from_json(o) for o in d.get("sits_out", [])])
+                   sits_out=[SitOut.from_json(o) for o in d.get("sits_out", [])], agent=d.get("agent", "native"))
 
 
 @dataclass

@@ -146,8 +146,10 @@ def settings(run: Run) -> list[tuple[str, str]]:
 
 
 def group_rows(run: Run) -> list[dict]:
-    """Per plan group: its budget, predicted peak, whether it takes part (and why not), device-rounds trained."""
+    """Per plan group: its budget, predicted peak (the whole device's: the agent and the training process), the
+    largest its devices measured (served runs), whether it takes part (and why not), device-rounds trained."""
     trained: dict[str, int] = {}
+    measured = measured_peaks(run)
     for r in run.rounds:
         for g, n in (r.get("participating_devices") or {}).items():
             trained[g] = trained.get(g, 0) + n
@@ -158,6 +160,7 @@ def group_rows(run: Run) -> list[dict]:
         rows.append({"group": name, "devices": g.count, "runtime": g.runtime,
                      "memory budget": format_bytes(g.memory_budget_bytes),
                      "predicted peak": format_bytes(peak) if peak is not None else "-",
+                     "measured peak (max)": format_bytes(max(measured[name])) if measured.get(name) else "-",
                      "status": _status(g),
                      "device-rounds trained": trained.get(name, 0)})
     return rows
@@ -171,8 +174,10 @@ def _status(g) -> str:
 
 
 def device_rows(run: Run) -> list[dict]:
-    """Per device of a served run: rounds it trained, predicted vs measured peak memory, energy (with its
-    source) and bytes moved, summed over the rounds that recorded them."""
+    """Per device of a served run: rounds it trained, its whole-device peak memory (the agent and the training
+    process) measured against the predicted one and its group's budget (the largest ratio: the promise holds
+    for every round or it does not), energy (with its source) and bytes moved, summed over the rounds that
+    recorded them."""
     devices = sorted({d for r in run.rounds for d in r["sampled"]})
     rows = []
     for d in devices:
@@ -183,12 +188,16 @@ def device_rows(run: Run) -> list[dict]:
         metrics = [r["device_metrics"][d] for r in mine if d in (r.get("device_metrics") or {})]
         energy = [m["energy"] for m in metrics if isinstance(m.get("energy"), dict)]
         sources = sorted({e["source"] + (" (estimated)" if e.get("estimated") else "") for e in energy})
+        agent = [m["agent_peak_bytes"] for m in metrics if m.get("agent_peak_bytes")]
+        group = run.plan.groups.get(mine[0]["sampled"][d])
         rows.append({
             "device": d, "group": mine[0]["sampled"][d],
             "rounds trained": sum(d in (r.get("examples") or {}) for r in mine), "rounds sampled": len(mine),
             "predicted peak (max)": format_bytes(max(predicted)) if predicted else "-",
             "measured peak (max)": format_bytes(max(m for _, m in pairs)) if pairs else "not measured",
-            "measured / predicted (median)": f"{statistics.median([m / p for p, m in pairs]):.2f}" if pairs else "-",
+            "of which agent": format_bytes(max(agent)) if agent else "-",
+            "memory budget": format_bytes(group.memory_budget_bytes) if group is not None else "-",
+            "measured / predicted (max)": f"{max(m / p for p, m in pairs):.2f}" if pairs else "-",
             "energy (training)": f"{sum(e['joules'] for e in energy):.3g} J over {len(energy)} round"
                                  f"{'s' * (len(energy) != 1)}"
             if energy else "not measured",

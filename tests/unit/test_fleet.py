@@ -39,7 +39,7 @@ def test_example_loads():
 
 def test_example_budgets_leave_small_devices_short_of_full_resnet20():
     """Full ResNet-20 at batch 32 peaks at ~125 MiB with ort, ~76 MiB with executorch (the native trainer) and
-    ~407 MiB with torch (cost model): the low phones hold it but cannot upload a round of it on their metered
+    ~407 MiB with torch (cost model), the native agent's 8 MiB beside each: the low phones hold it but cannot upload a round of it on their metered
     megabyte, the larger devices train it whole, and the Pi Zero could hold it natively but not a round of it
     on its FLOP cap."""
     from edgefl.planning.strategies import PlanContext

@@ -6,13 +6,13 @@ group plans live here once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
-from edgefl.cost.constants import DEFAULTS, RuntimeConstants, unmeasured_note
+from edgefl.cost.constants import AGENT_RESIDENT_BYTES, DEFAULTS, RuntimeConstants, unmeasured_note
 from edgefl.cost.model import Cost, config_cost
 from edgefl.cost.profile_store import ProfileStore
-from edgefl.fleet import Fleet, Group
+from edgefl.fleet import DEFAULT_AGENT, Fleet, Group
 from edgefl.planning.plan import GroupPlan, Plan, SitOut, Step, violations
 from edgefl.trainconfig import TrainConfig
 from edgefl.units import format_bytes
@@ -75,14 +75,18 @@ class PlanContext:
         return TrainConfig(num_layers=self.num_layers, batch_size=self.batch_size, optimizer=self.optimizer,
                            local_epochs=self.local_epochs, **fields)
 
-    def cost(self, config: TrainConfig, runtime: str) -> Cost:
-        key = (self.model, config, runtime)
+    def cost(self, config: TrainConfig, on: Group | str) -> Cost:
+        """`config`'s cost on a group's devices: its runtime's training process and the agent beside it. `on`
+        a runtime name: a device of that runtime with the default (native) agent."""
+        runtime, agent = (on, DEFAULT_AGENT) if isinstance(on, str) else (on.runtime, on.agent)
+        key = (self.model, config, runtime, agent)
         if key not in self._costs:
-            self._costs[key] = config_cost(self.store, self.model, config, runtime, self.constants[runtime])
+            process = config_cost(self.store, self.model, config, runtime, self.constants[runtime])
+            self._costs[key] = replace(process, agent_bytes=AGENT_RESIDENT_BYTES[agent])
         return self._costs[key]
 
     def fits(self, config: TrainConfig, group: Group) -> bool:
-        return not violations(self.cost(config, group.runtime), group, config)
+        return not violations(self.cost(config, group), group, config)
 
     def best(self, candidates: Sequence[TrainConfig], group: Group) -> Optional[TrainConfig]:
         i = first_fit(candidates, lambda c: self.fits(c, group))
@@ -153,11 +157,11 @@ def group_plan(ctx: PlanContext, group: Group, steps: Sequence[Step], cheapest: 
     smallest of their peak memories is the budget that would let the group take part. `idle`: the round ranges
     the group gets no step in, each with the least demanding config the method had for it: the budgets that
     config breaks are why the group sits those rounds out (adjacent ranges kept out by the same budgets merge)."""
-    costs = [(ctx.cost(c, group.runtime), c) for c in cheapest]
+    costs = [(ctx.cost(c, group), c) for c in cheapest]
     low_cost, low_config = min(costs, key=lambda pair: pair[0].peak_memory_bytes)
     sits_out: list[SitOut] = []
     for rounds, config in sorted(idle, key=lambda pair: pair[0]):
-        why = "; ".join(violations(ctx.cost(config, group.runtime), group, config)) or "no configuration fits"
+        why = "; ".join(violations(ctx.cost(config, group), group, config)) or "no configuration fits"
         if sits_out and sits_out[-1].reason == why and sits_out[-1].rounds[1] + 1 == rounds[0]:
             rounds = (sits_out.pop().rounds[0], rounds[1])
         sits_out.append(SitOut(rounds, why))
@@ -171,7 +175,7 @@ def group_plan(ctx: PlanContext, group: Group, steps: Sequence[Step], cheapest: 
             reason = "its smallest configuration breaks the budget: " + "; ".join(bad)
             if low_cost.peak_memory_bytes > group.memory_budget_bytes:
                 reason += f"; a memory budget of {format_bytes(low_cost.peak_memory_bytes)} would fit it"
-    return GroupPlan(name=group.name, count=group.count, runtime=group.runtime,
+    return GroupPlan(name=group.name, count=group.count, runtime=group.runtime, agent=group.agent,
                      memory_budget_bytes=group.memory_budget_bytes, upload_budget_bytes=group.upload_budget_bytes,
                      flops_budget=group.flops_budget, examples=group.examples,
                      min_memory_bytes=low_cost.peak_memory_bytes, steps=list(steps), reason=reason, flags=tuple(flags),
@@ -182,7 +186,7 @@ def whole_run(ctx: PlanContext, group: Group, config: Optional[TrainConfig], lab
     """One step spanning every round, or none if the group has no config."""
     if config is None:
         return []
-    return [Step(rounds=(1, ctx.rounds), config=config, predicted=ctx.cost(config, group.runtime), label=label)]
+    return [Step(rounds=(1, ctx.rounds), config=config, predicted=ctx.cost(config, group), label=label)]
 
 
 class PerGroupStrategy(Strategy):

@@ -53,9 +53,9 @@ class FeDepth(Strategy):
         sequence, skipped, p = [], [], 0
         while p < ctx.num_layers:
             options = [self.block(ctx, p, e, copies) for e in reversed(ends) if e > p]
-            done = [ctx.cost(c, g.runtime) for c in sequence]
+            done = [ctx.cost(c, g) for c in sequence]
             # the block must fit on its own and, with the blocks before it, the round's FLOP and upload budgets
-            i = first_fit(options, lambda c: not violations(sequence_cost(done + [ctx.cost(c, g.runtime)]), g, c))
+            i = first_fit(options, lambda c: not violations(sequence_cost(done + [ctx.cost(c, g)]), g, c))
             if i is None:
                 skipped.append(p)
                 p = next(e for e in ends if e > p)
@@ -72,7 +72,7 @@ class FeDepth(Strategy):
         groups = {}
         for g in ctx.fleet.groups:
             sequence, skipped = self.blocks(ctx, g, ends, 1)
-            surplus = g.memory_budget_bytes >= 2 * ctx.cost(full, g.runtime).peak_memory_bytes
+            surplus = g.memory_budget_bytes >= 2 * ctx.cost(full, g).peak_memory_bytes
             if surplus and self.copies > 1:
                 mutual, mutual_skipped = self.blocks(ctx, g, ends, self.copies)
                 surplus = len(mutual_skipped) <= len(skipped)
@@ -80,7 +80,7 @@ class FeDepth(Strategy):
                     sequence, skipped = mutual, mutual_skipped
             steps = []
             if sequence:
-                predicted = sequence_cost([ctx.cost(c, g.runtime) for c in sequence])
+                predicted = sequence_cost([ctx.cost(c, g) for c in sequence])
                 label = f"{len(sequence)} blocks" + (f", skips layers from {skipped}" if skipped else "")
                 steps = [Step(rounds=(1, ctx.rounds), config=sequence[0], predicted=predicted,
                               sequence=tuple(sequence), label=label)]

@@ -147,7 +147,7 @@ class ProFL(Strategy):
                     continue
                 for config, what in ((train_block(t), "block"), (output_only(t), "output module only")):
                     if ctx.fits(config, g):
-                        steps.append(Step(rounds=rounds, config=config, predicted=ctx.cost(config, g.runtime),
+                        steps.append(Step(rounds=rounds, config=config, predicted=ctx.cost(config, g),
                                           label=f"{stage} block {t + 1}/{T}: {what}"))
                         break
                 else:

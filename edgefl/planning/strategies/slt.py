@@ -110,7 +110,7 @@ class SLT(Strategy):
                 if config is None:
                     idle.append((ranges[n], candidates[-1]))
                 else:
-                    planned.append(Step(rounds=ranges[n], config=config, predicted=ctx.cost(config, g.runtime),
+                    planned.append(Step(rounds=ranges[n], config=config, predicted=ctx.cost(config, g),
                                         label="pre-training" if n == 0 else f"step {n}"))
             # the least demanding SLT configurations: the narrowest pre-training and the last layer alone
             cheapest = [slt_config(ctx, 0, WIDTHS[-1]), slt_config(ctx, K - 1, 1.0, frozen=K - 1)]
