@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "errors.h"
-#include "json.h"
+#include "json_fields.h"
 #include "npy.h"
 #include "numpy_random.h"
 #include "sha256.h"
@@ -95,7 +95,7 @@ int run(int argc, char** argv) {
         if (!in) throw edgefl::UserError(args[0] + ": cannot open");
         std::stringstream ss;
         ss << in.rdbuf();
-        std::puts(edgefl::Json::parse(ss.str(), args[0]).dump().c_str());
+        std::puts(edgefl::parse_json(ss.str(), args[0]).dump().c_str());
         return 0;
     }
     if (cmd == "npy" && args.size() == 2) {
