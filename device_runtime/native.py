@@ -106,7 +106,8 @@ def require_trainer() -> Path:
     if trainer is None:
         raise MissingDependencyError(
             "the native ExecuTorch trainer is not built; build it with 'edgefl-device build-native' (needs cmake, "
-            "g++ and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if missing), or pass "
+            "g++, nlohmann-json3-dev and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if "
+            "missing), or pass "
             "--trainer python for the Python reference trainer (imports torch)")
     return trainer
 
