@@ -70,8 +70,10 @@ def source_hash() -> str:
     from edgefl.manifest import _sha256
 
     h = _sha256()
-    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file() and "build" not in p.parts):
-        h.update(str(path.relative_to(SOURCES)).encode() + b"\0" + path.read_bytes())
+    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
+        relative = path.relative_to(SOURCES)
+        if relative.parts[0] not in ("build", "fuzz"):  # the fuzz targets are not part of the trainer
+            h.update(str(relative).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -104,7 +106,8 @@ def require_trainer() -> Path:
     if trainer is None:
         raise MissingDependencyError(
             "the native ExecuTorch trainer is not built; build it with 'edgefl-device build-native' (needs cmake, "
-            "g++ and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if missing), or pass "
+            "g++, nlohmann-json3-dev and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if "
+            "missing), or pass "
             "--trainer python for the Python reference trainer (imports torch)")
     return trainer
 
@@ -245,3 +248,23 @@ def runtime_libraries(target_name: Optional[str] = None) -> Path:
 
 NEEDED_LIBRARIES = ("libexecutorch.so", "libexecutorch_kernels_optimized.so", "libexecutorch_backend_xnnpack.so",
                     "libexecutorch_threadpool.so")
+
+
+FUZZ = SOURCES / "fuzz"
+
+
+def fuzz_targets() -> dict[str, Path]:
+    """The fuzz targets of the native parsers, by name: every folder under native/fuzz holding a harness.cpp
+    (LLVMFuzzerTestOneInput), its seed inputs in corpus/ and, optionally, `sources`: the .cpp files it links,
+    one per line, relative to native/."""
+    return {harness.parent.name: harness.parent for harness in sorted(FUZZ.glob("*/harness.cpp"))}
+
+
+def fuzz_compile_argv(compiler: str, folder: Path, out: Path, flags: list[str]) -> list[str]:
+    """The command line that builds the fuzz target in `folder` into `out`: the harness and its sources, with
+    native/src and native/ on the include path; `flags` choose libFuzzer (clang) or a replay main (g++)."""
+    listed = folder / "sources"
+    sources = [str(SOURCES / line.strip()) for line in listed.read_text().splitlines() if line.strip()] \
+        if listed.is_file() else []
+    return [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", *flags, "-I", str(SOURCES / "src"), "-I",
+            str(SOURCES), str(folder / "harness.cpp"), *sources, "-o", str(out)]

@@ -6,8 +6,11 @@ missing) and guarantees that:
   including successive calls on one generator (the stream continues exactly), and next_uint64 equals
   PCG64's random_raw;
 - sha256_file equals hashlib.sha256 (empty, 1 byte, 3 MiB spanning several 1 MiB chunks);
-- Json parses what json.dumps writes (unicode, surrogate pairs, escapes, int64 extremes, floats) and its
-  dump reads back with json.loads to an equal document; bad JSON is a one-line error with the byte offset;
+- parse_json (nlohmann-json) parses what json.dumps writes (unicode, surrogate pairs, escapes, int64 extremes,
+  floats) and its dump reads back with json.loads to an equal document; bad JSON, and numbers past a double, are
+  a one-line error naming the file (with the byte offset for bad syntax);
+- a manifest (artifact_set.cpp's parse_manifest, read_suffix_fields) with a field missing, of the wrong type or
+  out of range is one line naming the file and the field's path;
 - npy_open / RowReader / convert_rows read float32, float64, uint8 and int64 arrays (format 1.0 and
   2.0 headers) exactly, and refuse Fortran-order, big-endian, object and unsupported dtypes in one line
   naming the file;
@@ -40,7 +43,7 @@ def util(tmp_path_factory):
         pytest.fail("g++ is not installed: the native utilities cannot be compiled; apt-get install -y g++")
     exe = tmp_path_factory.mktemp("native") / "util_check"
     subprocess.run([gxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(NATIVE / "src"),
-                    str(NATIVE / "tests" / "util_check.cpp"), "-o", str(exe)], check=True)
+                    str(NATIVE / "tests" / "util_check.cpp"), str(NATIVE / "src" / "artifact_set.cpp"), "-o", str(exe)], check=True)
 
     def run(*args, ok=True):
         p = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
@@ -96,7 +99,7 @@ def test_sha256_missing_file(util, tmp_path):
     refused(util("sha256", tmp_path / "absent", ok=False), tmp_path / "absent", "cannot open")
 
 
-# --- json.h ------------------------------------------------------------------------------------------
+# --- json_fields.h ---------------------------------------------------------------------------------
 
 DOC = {
     "name": "caf\u00e9 \u65e5\u672c \U0001F600",  # 2-, 3- and 4-byte UTF-8; json.dumps writes a surrogate pair
@@ -119,10 +122,13 @@ def test_json_round_trip(util, tmp_path, ensure_ascii):
     assert [type(v) for v in back["ints"]] == [int] * len(DOC["ints"])  # exact, not via double
 
 
-def test_json_nonfinite_and_huge(util, tmp_path):
+def test_json_huge_numbers(util, tmp_path):
     path = tmp_path / "doc.json"
-    path.write_text('[1e999, -1e999, 1e-999, 123456789012345678901234567890, 0.000001e400]')
-    assert json.loads(util("json", path)) == [None, None, 0.0, 1.2345678901234568e29, None]
+    path.write_text('[1e-999, 123456789012345678901234567890, 18446744073709551615]')
+    assert json.loads(util("json", path)) == [0.0, 1.2345678901234568e29, 2**64 - 1]
+    for text in ("[1e999]", "[-1e999]", "[0.000001e400]"):  # no double holds them: refused, not infinite
+        path.write_text(text)
+        refused(util("json", path, ok=False), path, "not JSON", "out of range")
 
 
 @pytest.mark.parametrize("text, where", [
@@ -138,6 +144,41 @@ def test_json_errors(util, tmp_path, text, where):
     path = tmp_path / "bad.json"
     path.write_text(text)
     refused(util("json", path, ok=False), path, "not JSON", where)
+
+
+# --- artifact_set.cpp: manifest fields ------------------------------------------------------------------
+
+SUFFIX = json.loads((NATIVE / "fuzz" / "manifest_json" / "corpus" / "suffix.json").read_text())
+
+
+def _without(doc, *path):
+    doc = json.loads(json.dumps(doc))
+    *parents, last = path
+    node = doc
+    for key in parents:
+        node = node[key]
+    del node[last]
+    return doc
+
+
+@pytest.mark.parametrize("doc, words", [
+    (_without(SUFFIX, "config_hash"), ["config_hash: missing"]),
+    (_without(SUFFIX, "files", 1, "sha256"), ["files[1].sha256: missing"]),
+    (_without(SUFFIX, "optimizer", "betas", 1), ["optimizer.betas[1]: missing"]),
+    ({**SUFFIX, "optimizer": {**SUFFIX["optimizer"], "eps": "x"}}, ["optimizer.eps: expected a number, found string"]),
+    ({**SUFFIX, "extra": {**SUFFIX["extra"], "batch": 0}}, ["extra.batch: 0 is not a batch size"]),
+    ({**SUFFIX, "inputs": [{"name": "f", "dtype": "float32", "shape": [4, -2]}]}, ["inputs[0].shape[1]: dimension -2"]),
+    ({**SUFFIX, "trainable": [{"name": "w", "local": "w", "shape": [2**31 - 1] * 3}]}, ["trainable[0].shape: more than"]),
+    ({**SUFFIX, "outputs": [{"name": "loss", "dtype": "float32", "shape": []}]}, ["'loss' and 'logits'"]),
+])
+def test_manifest_field_errors_name_file_and_field(util, tmp_path, doc, words):
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    refused(util("manifest", tmp_path, ok=False), tmp_path / "manifest.json", *words)
+
+
+def test_manifest_reads(util, tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(SUFFIX))
+    assert util("manifest", tmp_path).strip() == "ok"
 
 
 # --- npy.h: .npy -------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "json.h"
+#include "json_fields.h"
 #include "optimizer.h"
 
 namespace edgefl {
@@ -26,10 +26,19 @@ struct TensorEntry {
   int64_t numel() const;
 };
 
+struct FileEntry {
+  std::string name;  // relative to the artifact folder
+  int64_t bytes = 0;
+  std::string sha256, role;
+};
+
 struct Manifest {
   std::string folder;
-  Json json;
+  Json json;       // the whole document
   std::string id;  // sha256 of manifest.json's bytes
+  std::string config_hash;
+  Json predicted_peak;  // predicted.peak_memory_bytes, or null
+  std::vector<FileEntry> files;
   std::vector<IOSpec> inputs, outputs;
   std::vector<TensorEntry> trainable;
   int64_t batch = 0;  // the batch the program is planned for (extra.batch)
@@ -39,6 +48,7 @@ struct Manifest {
 struct ArtifactSet {
   Manifest suffix;
   bool has_prefix = false;
+  std::string prefix_id;  // the suffix's prefix_id: the id prefix/manifest.json must have
   Manifest prefix;
   OptimizerSpec optimizer;
   std::string key_prefix;               // extra.prefix: parameters' names in the program
@@ -49,5 +59,10 @@ struct ArtifactSet {
 
 // Reads and verifies the set in `folder` (throws UserError naming the file and the fix).
 ArtifactSet open_artifact_set(const std::string& folder, bool verify);
+
+// The parsers of open_artifact_set over bytes already in memory (what the fuzz targets call):
+// `size` bytes of `folder`/manifest.json, and the suffix's own fields of a parsed manifest.
+Manifest parse_manifest(const char* data, size_t size, const std::string& folder);
+void read_suffix_fields(ArtifactSet& set);
 
 }  // namespace edgefl

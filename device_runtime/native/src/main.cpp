@@ -23,7 +23,7 @@
 #include "artifact_set.h"
 #include "errors.h"
 #include "et_trainer.h"
-#include "json.h"
+#include "json_fields.h"
 #include "local_data.h"
 #include "npy.h"
 #include "numpy_random.h"
@@ -102,7 +102,7 @@ struct PhasePeaks {
   void end(const char* phase) {
     const int64_t peak = vm_status("VmHWM");
     whole = std::max(whole, peak);
-    peaks.set(phase, split ? Json(peak) : Json());
+    peaks[phase] = split ? Json(peak) : Json();
     std::ofstream reset("/proc/self/clear_refs");
     reset << "5";
     reset.flush();
@@ -125,8 +125,8 @@ Json evaluate(EtTrainer& trainer, LocalData& data, int64_t examples) {
     correct += e.correct;
   }
   auto out = Json::object();
-  out.set("loss", Json(loss / std::max<int64_t>(counted, 1)));
-  out.set("accuracy", Json(static_cast<double>(correct) / std::max<int64_t>(counted, 1)));
+  out["loss"] = loss / std::max<int64_t>(counted, 1);
+  out["accuracy"] = static_cast<double>(correct) / std::max<int64_t>(counted, 1);
   return out;
 }
 
@@ -197,41 +197,34 @@ Json run(const Options& o) {
   phases.end("upload");
   struct utsname host {};
   uname(&host);
-  const Json& predicted = set.suffix.json["predicted"];
-  auto report = Json::object();
-  report.set("trainer", Json(std::string("native")));
-  report.set("runtime", Json(std::string("executorch")));
-  report.set("version", Json(std::string(EDGEFL_VERSION)));
-  report.set("machine", Json(std::string(host.machine)));
-  report.set("config_hash", set.suffix.json["config_hash"]);
-  report.set("artifact_id", Json(set.suffix.id));
-  report.set("steps", Json(static_cast<int64_t>(losses.size())));
-  report.set("examples", Json(o.steps == 0 && o.max_examples ? std::min(o.max_examples, data.examples())
-                                                               : data.examples()));
-  report.set("batch_size", Json(trainer.batch()));
-  report.set("data_read", Json(std::string("batch")));  // LocalData reads the rows of each batch, nothing more
-  report.set("lr", Json(o.lr));
-  report.set("loss_first", losses.empty() ? Json() : Json(losses.front()));
-  report.set("loss_last", losses.empty() ? Json() : Json(losses.back()));
-  report.set("loss_before", eval_n ? before["loss"] : Json());
-  report.set("loss_after", eval_n ? after["loss"] : Json());
-  report.set("accuracy_before", eval_n ? before["accuracy"] : Json());
-  report.set("accuracy_after", eval_n ? after["accuracy"] : Json());
-  if (o.losses) {
-    std::vector<Json> all;
-    for (double l : losses) all.emplace_back(l);
-    report.set("losses", Json(all));
-  }
-  report.set("upload_bytes", Json(static_cast<int64_t>(upload_values * 4)));
-  report.set("peak_rss_bytes", Json(phases.whole));
-  report.set("phase_peak_rss_bytes", phases.peaks);
-  report.set("loaded_rss_bytes", Json(loaded_rss));
-  report.set("predicted_peak_bytes",
-             predicted.is_null() || !predicted.has("peak_memory_bytes") ? Json() : predicted["peak_memory_bytes"]);
-  report.set("step_seconds", Json(train_s / std::max<size_t>(losses.size(), 1)));
-  report.set("wall_s", Json(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
-  report.set("threads", Json(o.threads));
-  report.set("torch_loaded", Json(false));
+  Json report = Json::object();
+  report["trainer"] = "native";
+  report["runtime"] = "executorch";
+  report["version"] = EDGEFL_VERSION;
+  report["machine"] = host.machine;
+  report["config_hash"] = set.suffix.config_hash;
+  report["artifact_id"] = set.suffix.id;
+  report["steps"] = static_cast<int64_t>(losses.size());
+  report["examples"] = o.steps == 0 && o.max_examples ? std::min(o.max_examples, data.examples()) : data.examples();
+  report["batch_size"] = trainer.batch();
+  report["data_read"] = "batch";  // LocalData reads the rows of each batch, nothing more
+  report["lr"] = o.lr;
+  report["loss_first"] = losses.empty() ? Json() : Json(losses.front());
+  report["loss_last"] = losses.empty() ? Json() : Json(losses.back());
+  report["loss_before"] = eval_n ? before["loss"] : Json();
+  report["loss_after"] = eval_n ? after["loss"] : Json();
+  report["accuracy_before"] = eval_n ? before["accuracy"] : Json();
+  report["accuracy_after"] = eval_n ? after["accuracy"] : Json();
+  if (o.losses) report["losses"] = losses;
+  report["upload_bytes"] = static_cast<int64_t>(upload_values * 4);
+  report["peak_rss_bytes"] = phases.whole;
+  report["phase_peak_rss_bytes"] = phases.peaks;
+  report["loaded_rss_bytes"] = loaded_rss;
+  report["predicted_peak_bytes"] = set.suffix.predicted_peak;
+  report["step_seconds"] = train_s / std::max<size_t>(losses.size(), 1);
+  report["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report["threads"] = o.threads;
+  report["torch_loaded"] = false;
   return report;
 }
 
@@ -249,7 +242,7 @@ int main(int argc, char** argv) {
   }
   try {
     const auto report = edgefl::run(edgefl::parse(argc, argv));
-    std::printf("%s\n", report.dump().c_str());
+    std::printf("%s\n", report.dump(-1, ' ', false, edgefl::Json::error_handler_t::replace).c_str());
     return 0;
   } catch (const edgefl::UserError& e) {
     std::fprintf(stderr, "edgefl-et-train: error: %s\n", e.what());

@@ -41,8 +41,35 @@ struct NpyArray {
 
 namespace detail {
 
+// Bytes the parsers read: a file, or a buffer already in memory. read_at gives exactly n bytes at `offset`
+// or throws a UserError; nothing past size() is ever read.
+class Source {
+public:
+    virtual ~Source() = default;
+    virtual uint64_t size() const = 0;
+    virtual void read_at(void* buf, size_t n, uint64_t offset) const = 0;
+};
+
+// A buffer someone else owns (a fuzz input, a file read whole); `name` is what messages call it.
+class Bytes final : public Source {
+public:
+    Bytes(const uint8_t* data, size_t size, std::string name) : data_(data), size_(size), name_(std::move(name)) {}
+    uint64_t size() const override { return size_; }
+    void read_at(void* buf, size_t n, uint64_t offset) const override {
+        if (offset > size_ || n > size_ - offset)
+            throw UserError(name_ + ": ends early, at byte " + std::to_string(std::min<uint64_t>(offset, size_)) +
+                            "; it is truncated: copy it again");
+        if (n) std::memcpy(buf, data_ + offset, n);
+    }
+
+private:
+    const uint8_t* data_;
+    size_t size_;
+    std::string name_;
+};
+
 // An open file descriptor, closed when it goes out of scope.
-class Fd {
+class Fd final : public Source {
 public:
     Fd() = default;
     Fd(const std::string& path) : path_(path) {
@@ -62,14 +89,14 @@ public:
     }
     ~Fd() { close(); }
 
-    uint64_t size() const {
+    uint64_t size() const override {
         struct stat st;
         if (::fstat(fd_, &st) != 0) throw UserError(path_ + ": cannot stat (" + std::strerror(errno) + ")");
         return static_cast<uint64_t>(st.st_size);
     }
 
     // Exactly n bytes at `offset`: pread may return less than asked (signals, network filesystems).
-    void read_at(void* buf, size_t n, uint64_t offset) const {
+    void read_at(void* buf, size_t n, uint64_t offset) const override {
         auto* p = static_cast<char*>(buf);
         while (n > 0) {
             ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
@@ -214,7 +241,7 @@ private:
 
 // Parses the .npy header found at `base` in `fd` (a file, or a STORED member of a zip) and checks that
 // the data fits in the `avail` bytes there. `who` names the array in messages.
-inline NpyArray read_npy_header(const Fd& fd, const std::string& path, const std::string& who, uint64_t base,
+inline NpyArray read_npy_header(const Source& fd, const std::string& path, const std::string& who, uint64_t base,
                                 uint64_t avail) {
     uint8_t pre[12];
     if (avail < 10) throw UserError(who + ": not a .npy file (too short); save the array with numpy.save");
@@ -262,12 +289,15 @@ inline NpyArray read_npy_header(const Fd& fd, const std::string& path, const std
     a.itemsize = static_cast<size_t>(std::atoi(d.c_str() + 2));
     a.data_offset = base + prefix + header_len;
 
-    // Overflow-checked size, so a corrupt shape cannot pass the bounds check by wrapping around.
-    uint64_t nbytes = a.itemsize;
+    // Overflow-checked size, so a corrupt shape cannot pass the bounds check by wrapping around. A zero
+    // dimension makes the array empty, but readers still multiply the others (row sizes, target counts):
+    // their product must fit int64 too, as numpy requires.
+    uint64_t nbytes = a.itemsize, nonzero = a.itemsize;
     for (int64_t dim : a.shape) {
         if (dim < 0) throw UserError(who + ": negative dimension in the shape; save the array with numpy.save");
-        if (dim != 0 && nbytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(dim))
+        if (dim != 0 && nonzero > uint64_t(std::numeric_limits<int64_t>::max()) / static_cast<uint64_t>(dim))
             throw UserError(who + ": the shape is too large; the header is corrupt");
+        if (dim != 0) nonzero *= static_cast<uint64_t>(dim);
         nbytes *= static_cast<uint64_t>(dim);
     }
     if (nbytes > avail - prefix - header_len)
@@ -287,8 +317,7 @@ inline NpyArray npy_open(const std::string& path) {
 // fixed offset and can be read in place. Only the central directory is parsed (it is authoritative;
 // local headers may omit sizes), plus each member's local header for the length of its name and extra
 // field, which precede the data.
-inline std::map<std::string, NpyArray> npz_open(const std::string& path) {
-    detail::Fd fd(path);
+inline std::map<std::string, NpyArray> npz_parse(const detail::Source& fd, const std::string& path) {
     const uint64_t file_size = fd.size();
     auto not_zip = [&](const std::string& why) {
         return UserError(path + ": not a .npz file (" + why + "); save the arrays with numpy.savez");
@@ -391,6 +420,18 @@ inline std::map<std::string, NpyArray> npz_open(const std::string& path) {
         out[name.substr(0, name.size() - suffix.size())] = std::move(a);
     }
     return out;
+}
+
+inline std::map<std::string, NpyArray> npz_open(const std::string& path) {
+    return npz_parse(detail::Fd(path), path);
+}
+
+// The same parsers over bytes in memory (`name` stands for the file in messages and in NpyArray::path).
+inline NpyArray npy_parse(const uint8_t* data, size_t size, const std::string& name) {
+    return detail::read_npy_header(detail::Bytes(data, size, name), name, name, 0, size);
+}
+inline std::map<std::string, NpyArray> npz_parse(const uint8_t* data, size_t size, const std::string& name) {
+    return npz_parse(detail::Bytes(data, size, name), name);
 }
 
 // Gathers rows (index along the first axis) of one array with pread on a descriptor held open.

@@ -5,6 +5,7 @@
 //   util_check raw SEED K                K next_uint64 values, one per line
 //   util_check sha256 FILE               hex digest
 //   util_check json FILE                 parse, then dump
+//   util_check manifest FOLDER           read FOLDER/manifest.json as a suffix's (no file checks), print "ok"
 //   util_check npy FILE TO               header line, then every row converted to TO (float32 | int64)
 //   util_check npz FILE                  one header line per member
 //   util_check npz FILE NAME TO ROW...   the given rows of member NAME, converted to TO, one line each
@@ -20,8 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "artifact_set.h"
 #include "errors.h"
-#include "json.h"
+#include "json_fields.h"
 #include "npy.h"
 #include "numpy_random.h"
 #include "sha256.h"
@@ -31,7 +33,7 @@ namespace {
 using edgefl::NpyArray;
 
 [[noreturn]] void usage() {
-    std::fprintf(stderr, "usage: util_check perm|raw|sha256|json|npy|npz|write ARGS... (see the source)\n");
+    std::fprintf(stderr, "usage: util_check perm|raw|sha256|json|manifest|npy|npz|write ARGS... (see the source)\n");
     std::exit(64);
 }
 
@@ -95,7 +97,18 @@ int run(int argc, char** argv) {
         if (!in) throw edgefl::UserError(args[0] + ": cannot open");
         std::stringstream ss;
         ss << in.rdbuf();
-        std::puts(edgefl::Json::parse(ss.str(), args[0]).dump().c_str());
+        std::puts(edgefl::parse_json(ss.str(), args[0]).dump().c_str());
+        return 0;
+    }
+    if (cmd == "manifest" && args.size() == 1) {
+        std::ifstream in(args[0] + "/manifest.json", std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        const std::string text = ss.str();
+        edgefl::ArtifactSet set;
+        set.suffix = edgefl::parse_manifest(text.data(), text.size(), args[0]);
+        edgefl::read_suffix_fields(set);
+        std::puts("ok");
         return 0;
     }
     if (cmd == "npy" && args.size() == 2) {
