@@ -41,6 +41,7 @@ from edgefl.device_runtime.fetch import FetchEnded
 from edgefl.device_runtime.local_data import ModelInput, check_labels, check_layout, open_local_data
 from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
+from edgefl.device_runtime.peaks import vm_status
 from edgefl.errors import ConfigError, EdgeflError
 from edgefl.manifest import ArtifactSet, unflatten
 from edgefl.messages import DeviceReport, ReportStatus
@@ -163,7 +164,9 @@ class DeviceAgent:
             meter = self.meter() if self.meter else None
             if meter:
                 meter.start()
-            cap = MemoryCap(memory, f"edgefl-{self.device_id}") if self.enforce_memory and memory else None
+            # the budget is the whole device's: the training process gets what this agent does not hold
+            cap = (MemoryCap(max(memory - vm_status("VmRSS"), 1), f"edgefl-{self.device_id}")
+                   if self.enforce_memory and memory else None)
             try:
                 if self.native is not None:
                     argv = trainer_argv(self.native, folder, self.data, out, lr=ins.lr, seed=ins.seed,
@@ -183,9 +186,14 @@ class DeviceAgent:
                     cap.close()
             energy = meter.stop() if meter else None
             report.wall_s = time.perf_counter() - t0
-            report.peak_rss_bytes = (child.result or {}).get("peak_rss_bytes") or child.max_rss_bytes
+            # the device's peak is the training process's and this agent's (its VmHWM: the agent stays resident
+            # beside the child), as the plan predicts it; a failed or killed child keeps its measured peak
+            child_peak = (child.result or {}).get("peak_rss_bytes") or child.max_rss_bytes
+            agent_peak = vm_status("VmHWM")
+            report.peak_rss_bytes = child_peak + agent_peak
             # the cache keeps the set just trained and what its budget allows of the rest
-            report.metrics = {"max_rss_bytes": child.max_rss_bytes, "runtime": self.runtime,
+            report.metrics = {"max_rss_bytes": child.max_rss_bytes, "runtime": self.runtime, "agent": "python",
+                              "child_peak_bytes": child_peak, "agent_peak_bytes": agent_peak,
                               "memory_budget": {"bytes": memory, "source": source, "enforced": cap is not None},
                               "cache_bytes": self.link.cache.trim(keep=folder)}
             if energy is not None:

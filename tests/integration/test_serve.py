@@ -16,17 +16,19 @@ CNN = ModelRef.of("cnn")
 
 
 def one_frozen_layer_budget(runtime: str) -> int:
-    """A memory budget under which FedOLF freezes exactly the CNN's first layer on `runtime`: between the
-    predicted peaks of training layers 1.. and training everything."""
-    ctx = PlanContext(parse_fleet("fleet: {groups: {g: {count: 1, memory_budget: 4GiB}}}"), CNN, batch_size=32)
-    one, none = (ctx.cost(ctx.config(frozen_prefix=k), runtime).peak_memory_bytes for k in (1, 0))
+    """A memory budget under which FedOLF freezes exactly the CNN's first layer on `runtime` with the Python
+    agent beside it (fleet up runs it): between the predicted peaks of training layers 1.. and training
+    everything."""
+    fleet = parse_fleet(f"fleet: {{groups: {{g: {{count: 1, memory_budget: 4GiB, runtime: {runtime}, agent: python}}}}}}")
+    ctx = PlanContext(fleet, CNN, batch_size=32)
+    one, none = (ctx.cost(ctx.config(frozen_prefix=k), fleet.groups[0]).peak_memory_bytes for k in (1, 0))
     assert one < none
     return one + min(2**20, (none - one) // 2)
 
 
 def mixed_fleet() -> str:
     groups = {"pi": ("ort", 2), "phone": ("executorch", 1), "laptop": ("torch", 1)}
-    lines = [f"    {name}: {{count: {n}, runtime: {rt}, memory_budget: {one_frozen_layer_budget(rt)}}}"
+    lines = [f"    {name}: {{count: {n}, runtime: {rt}, agent: python, memory_budget: {one_frozen_layer_budget(rt)}}}"
              for name, (rt, n) in groups.items()]
     return "fleet:\n  name: mixed\n  groups:\n" + "\n".join(lines) + "\n"
 
@@ -55,7 +57,7 @@ def test_four_devices_three_runtimes_two_rounds(tmp_path):
         assert r["aggregated"] and sum(r["participating_devices"].values()) == 4, (r["failed"], r["missing"])
         for device, metrics in r["device_metrics"].items():
             # the plan's promise, per report and runtime: what the device measured (its training process's peak
-            # RSS) is within what the plan predicted, which is within its group's budget
+            # RSS and its agent's) is within what the plan predicted, which is within its group's budget
             measured, predicted = r["measured_peak_bytes"][device], r["predicted_peak_bytes"][device]
             assert 0 < measured <= predicted <= budgets[r["sampled"][device]], (device, metrics["runtime"], measured,
                                                                                 predicted)
