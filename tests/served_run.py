@@ -34,8 +34,10 @@ class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
     def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
-                 cache_budget: Optional[str] = None):
+                 cache_budget: Optional[str] = None, agent: str = "python"):
+        """`agent`: python | native (`edgefl fleet up --agent`: the native agent for ExecuTorch groups)."""
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
+        self.agent = agent
         self.cache_budget = cache_budget
         self.train_limit = train_limit
         self.broker = Mosquitto(folder / "broker", persistence=True)
@@ -46,7 +48,7 @@ class ServedRun:
         self.devices = subprocess.Popen(
             edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
                    "--train-limit", str(self.train_limit), "--seed", str(self.seed),
-                   "--workdir", str(self.folder / "fleet"),
+                   "--workdir", str(self.folder / "fleet"), "--agent", self.agent,
                    *(("--cache-budget", self.cache_budget) if self.cache_budget else ())),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         return self
@@ -76,7 +78,8 @@ class ServedRun:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"edgefl.device_runtime.cli" in argv and b"--id" in argv and str(self.broker.port).encode() in b" ".join(argv):
+            agent = b"edgefl.device_runtime.cli" in argv or argv[0].endswith(b"/edgefl-device")
+            if agent and b"--id" in argv and str(self.broker.port).encode() in b" ".join(argv):
                 out[argv[argv.index(b"--id") + 1].decode()] = int(pid)
         return out
 

@@ -39,6 +39,15 @@ MqttWire::MqttWire(const WireOptions& o, EventQueue& events, LogFn log)
     : events_(events), log_(std::move(log)), url_(o.url), client_id_(o.client_id) {
   bool tls = false;
   const std::string uri = paho_uri(o.url, tls);
+  // OpenSSL (3.x) initialises itself when TLS is first used; paho's own init loads every error string and
+  // algorithm at start, which costs ~2 MiB of resident memory a plain mqtt:// device never needs
+  static const bool openssl_left_alone = [] {
+    MQTTAsync_init_options init = MQTTAsync_init_options_initializer;
+    init.do_openssl_init = 0;
+    MQTTAsync_global_init(&init);
+    return true;
+  }();
+  (void)openssl_left_alone;
   MQTTAsync_createOptions create = MQTTAsync_createOptions_initializer5;
   // what is published while the connection is down waits in the client, bounded (the outbox resends reports)
   create.sendWhileDisconnected = 1;

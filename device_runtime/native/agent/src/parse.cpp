@@ -66,7 +66,7 @@ bool parse_instruction(std::string_view payload, Instruction& out, std::string& 
   };
   const json schema = d.value("schema", json());
   if (schema != "edgefl.assignment/1")
-    return answerable("instruction: schema " + schema.dump() + ", expected 'edgefl.assignment/1'; update edgefl "
+    return answerable("instruction: schema " + (schema.is_string() ? "'" + schema.get<std::string>() + "'" : schema.is_null() ? "None" : schema.dump()) + ", expected 'edgefl.assignment/1'; update edgefl "
                       "on this device to the coordinator's version");
   try {
     const json& ins = d.at("instruction");
