@@ -120,6 +120,10 @@ MqttWire::MqttWire(const WireOptions& o, EventQueue& events, LogFn log)
   lock.unlock();
   MQTTAsync_destroy(&client_);
   const std::string who = "the broker at " + o.url;
+  // the CONNACK's refusal: paho hands it as the reason code or, depending on the path, as a positive `code`
+  // (MQTT 5 reason codes, or 3.1.1's 4 bad login / 5 not authorised)
+  if (answered && connect_reason_ < 0x80 && connect_code_ > 0)
+    connect_reason_ = connect_code_ == 4 ? 0x86 : connect_code_ == 5 ? 0x87 : connect_code_;
   if (answered && (connect_reason_ == MQTTREASONCODE_BAD_USER_NAME_OR_PASSWORD ||
                    connect_reason_ == MQTTREASONCODE_NOT_AUTHORIZED || connect_reason_ == MQTTREASONCODE_CLIENT_IDENTIFIER_NOT_VALID))
     throw UserError(who + " did not accept '" + o.client_id + "': " +
