@@ -58,7 +58,8 @@ def test_a_served_run_with_native_agents_idles_under_8_mib(tmp_path, agent_binar
         assert r["aggregated"] and sum(r["participating_devices"].values()) == 2, (r["failed"], r["missing"])
         for device, metrics in r["device_metrics"].items():
             assert metrics["agent"] == "native" and metrics["trainer"] == "native", metrics
-            assert 0 < metrics["agent_idle_rss_bytes"] <= metrics["agent_peak_bytes"] <= IDLE_RSS_LIMIT * 2, metrics
+            assert 0 < metrics["agent_idle_rss_bytes"] <= IDLE_RSS_LIMIT, metrics     # its own, as it waited
+            assert metrics["agent_idle_rss_bytes"] <= metrics["agent_peak_bytes"], metrics
             assert r["measured_peak_bytes"][device] > metrics["agent_peak_bytes"]   # the child's, not the agent's
             assert metrics["energy"]["source"] in ("rapl", "battery", "profile") and metrics["energy"]["joules"] > 0
             assert metrics["cache_bytes"] > 0

@@ -83,9 +83,15 @@ std::string Agent::profile_json() const {
 
 int Agent::serve() {
   int done = 0;
+  bool trimmed = true;
   while (!link_.stopping() && (c_.rounds <= 0 || done < c_.rounds)) {
     auto job = link_.next_instruction(1.0);
-    if (!job) continue;
+    if (!job) {
+      if (!trimmed) malloc_trim(0);    // a round's buffers (the upload, freed on its receipt) go back to the system
+      trimmed = true;
+      continue;
+    }
+    trimmed = false;
     if (job->instruction && link_.answered(*job->instruction)) continue;
     idle_rss_ = vm_status("VmRSS");     // the agent waiting: what it holds between rounds
     if (job->instruction) fetcher_.assign(job->instruction->shared);
@@ -202,6 +208,8 @@ bool Agent::handle(const Job& job, Outcome& out) {
   int64_t values = 0;
   for (const auto& t : suffix.trainable) values += t.numel();
   const bool read = read_file(upload, bytes) && npy_f32_data(bytes, out.buffer, why);
+  bytes.clear();
+  bytes.shrink_to_fit();
   remove_tree(tmp);
   if (!read || static_cast<int64_t>(out.buffer.size()) != 4 * values) {
     report["reason"] = "the trainer's upload: " + (why.empty() ? std::to_string(out.buffer.size()) + " bytes, the "
@@ -248,7 +256,7 @@ void Agent::send_report(Outcome& out) {
   out.buffer.clear();
   out.buffer.shrink_to_fit();
   link_.report(std::move(u));
-  if (!link_.wire().flush(60))
+  if (!link_.flush(60))
     log_(EDGEFL_LOG_WARNING, "the broker did not acknowledge the round-" + std::to_string(round) +
                                  " report within 60 s; it is sent again when the connection is back");
 }

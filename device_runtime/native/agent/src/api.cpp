@@ -1,5 +1,6 @@
 // The C API of edgefl_device.h over the C++ agent: a phone app or the edgefl-device binary starts, runs, stops
 // and closes a device through these calls; user errors come back as one line and code 2, never as exceptions.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -91,6 +92,11 @@ int edgefl_device_start(const edgefl_device_config* c, edgefl_device** device, c
                       "of 'edgefl broker config')");
     select_meter(text(c->energy), c->power_w);   // a missing sensor or power figure fails now, not mid-round
 
+    // one malloc arena (the MQTT client's threads would each keep their own), and large buffers (chunks, the
+    // upload) always mapped apart and returned when freed: glibc's dynamic threshold would otherwise rise to the
+    // chunk size after the first one and keep every later one in the heap. The agent idles small.
+    mallopt(M_ARENA_MAX, 1);
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);
     auto d = std::make_unique<edgefl_device>();
     d->log = make_log(c);
     LinkOptions lo;

@@ -148,6 +148,16 @@ Traffic Link::downloaded(int64_t round) {
 
 void Link::report(Upload upload) { outbox_.post(std::move(upload)); }
 
+bool Link::flush(double timeout_s) {
+  const double until = now_s() + timeout_s;
+  while (!wire_->flush(0.05)) {      // PUBACKs come through the same client thread that fills the event queue
+    if (now_s() >= until) return false;
+    while (pump(0)) {
+    }
+  }
+  return true;
+}
+
 void Link::stop() {
   stopping_ = true;
   Event e;
