@@ -140,3 +140,37 @@ def test_a_malformed_instruction_naming_its_round_is_refused_with_a_report(tmp_p
     assert report["round"] == 4 and report["status"] == "failed" and report["config_hash"] == "abc"
     assert report["reason"].startswith("refused: instruction: schema"), report
     assert agent.returncode == 0 and stopped_s < 5, (agent.returncode, stopped_s, out)
+
+
+def test_sigterm_ends_a_native_agent_stuck_in_a_fetch_within_5_s(tmp_path, agent_binary, native_trainer):
+    """Rule 4: an instruction whose set nobody serves leaves the agent asking; SIGTERM ends the fetch at once,
+    says offline ("it stopped") and exits."""
+    data = tmp_path / "data"
+    data.mkdir()
+    with Mosquitto(tmp_path / "broker") as broker:
+        agent = subprocess.Popen([str(agent_binary), "--id", "dev-0", "--broker", broker.url, "--data", str(data),
+                                  "--power", "3W", "--cache", str(tmp_path / "cache")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(lambda: (tmp_path / "cache" / "partial").is_dir(), 30, "the agent's cache")
+            time.sleep(1.0)
+            instruction = {"schema": "edgefl.assignment/1", "weights": None, "artifacts": {"set": "ab" * 32},
+                           "instruction": {"schema": "edgefl.instruction/1", "round": 1, "device_id": "dev-0",
+                                           "config": {"local_epochs": 1}, "config_hash": "0" * 16, "weights_version": 0,
+                                           "seed": 0, "lr": 0.05, "options": {}, "sequence": []}}
+            subprocess.run(["mosquitto_pub", "-p", str(broker.port), "-q", "1", "-t", "fl/v1/dev/dev-0/down/instr",
+                            "-m", json.dumps(instruction)], check=True, timeout=30)
+            wanted = subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-t", "fl/v1/dev/dev-0/up/ack", "-C", "1",
+                                     "-W", "20"], capture_output=True, text=True, timeout=30)
+            assert json.loads(wanted.stdout)["want"] == "ab" * 32, wanted
+            t0 = time.monotonic()
+            agent.terminate()
+            out, _ = agent.communicate(timeout=10)
+            stopped_s = time.monotonic() - t0
+            presence = subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-t", "fl/v1/presence/dev-0", "-C", "1",
+                                       "-W", "5"], capture_output=True, text=True, timeout=30)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    assert agent.returncode == 0 and stopped_s < 5, (agent.returncode, stopped_s, out)
+    assert json.loads(presence.stdout)["reason"] == "it stopped", presence.stdout
