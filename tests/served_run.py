@@ -34,8 +34,10 @@ class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
     def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
-                 cache_budget: Optional[str] = None, agent: str = "python"):
-        """`agent`: python | native (`edgefl fleet up --agent`: the native agent for ExecuTorch groups)."""
+                 cache_budget: Optional[str] = None, agent: Optional[str] = None):
+        """`agent`: python | native (`edgefl fleet up --agent`: the native agent for ExecuTorch groups); default
+        $EDGEFL_TEST_AGENT or python, so a suite of served runs (the fault suite) runs with either kind unchanged."""
+        agent = agent or os.environ.get("EDGEFL_TEST_AGENT", "python")
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
         self.agent = agent
         self.cache_budget = cache_budget
