@@ -33,29 +33,61 @@ def vm_kib(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} for pid {pid}")
 
 
-def test_a_served_run_with_native_agents_idles_under_8_mib(tmp_path, agent_binary):
-    fleet, plan = write_plan(tmp_path, PHONES, "fedavg", rounds=2)
-    with ServedRun(tmp_path, fleet, plan, train_limit=300, agent="native") as run:
-        wait_for(lambda: len(run.device_pids()) == 2, 60, "two native agents")
-        pids = run.device_pids()
-        wait_for(lambda: all("online at" in (tmp_path / "fleet" / "logs" / f"{d}.log").read_text() for d in pids), 60,
-                 "the agents online")
-        for device in pids:      # not JSON at all: refused and logged, nothing to answer; the agent lives on
+ROUNDS = 3
+
+
+def served(folder: Path, agent: str, probe=None) -> tuple[dict, dict]:
+    """A 3-round served run of two ExecuTorch phones with `agent` agents: (its history, its final weights).
+    `probe(run, pids)` runs once the agents are online, before the coordinator starts."""
+    folder.mkdir(parents=True)
+    fleet, plan = write_plan(folder, PHONES, "fedavg", rounds=ROUNDS)
+    with ServedRun(folder, fleet, plan, train_limit=300, agent=agent) as run:
+        if probe is not None:
+            wait_for(lambda: len(run.device_pids()) == 2, 60, "two agents")
+            pids = run.device_pids()
+            wait_for(lambda: all("online at" in (folder / "fleet" / "logs" / f"{d}.log").read_text() for d in pids), 60,
+                     "the agents online")
+            after = probe(run, pids)
+        history = run.serve(folder / "state", ROUNDS, "--round-timeout", "300")
+        if probe is not None:
+            time.sleep(1.0)      # the last report's receipt taken: the agents wait for the next instruction
+            after(folder)
+    for r in history["rounds"]:
+        assert r["aggregated"] and sum(r["participating_devices"].values()) == 2, (agent, r["failed"], r["missing"])
+    return history, torch.load(folder / "state" / "weights.pt")
+
+
+@pytest.fixture(scope="module")
+def native_run(tmp_path_factory, agent_binary):
+    """The served run with native agents, measured from outside (/proc/<pid>/status) before and after, with a
+    message on each agent's instruction topic that is not JSON at all sent before the first round."""
+    seen: dict = {}
+
+    def probe(run, pids):
+        for device in pids:      # refused and logged, nothing to answer; the agent lives on
             subprocess.run(["mosquitto_pub", "-p", str(run.broker.port), "-q", "1", "-t",
                             f"fl/v1/dev/{device}/down/instr", "-m", "{not json"], check=True, timeout=30)
-        started = {d: vm_kib(p, "VmRSS") for d, p in pids.items()}
-        history = run.serve(tmp_path / "state", 2, "--round-timeout", "300")
-        time.sleep(1.0)          # the last report's receipt taken: the agents wait for the next instruction
-        idle = {d: vm_kib(p, "VmRSS") for d, p in pids.items()}
-        peak = {d: vm_kib(p, "VmHWM") for d, p in pids.items()}
-        logs = {d: (tmp_path / "fleet" / "logs" / f"{d}.log").read_text() for d in pids}
-    print(f"native agent VmRSS KiB at start {started}, idle after 2 rounds {idle}, VmHWM {peak}")
-    for device, log in logs.items():
+        seen["started"] = {d: vm_kib(p, "VmRSS") for d, p in pids.items()}
+
+        def after(folder):
+            seen["idle"] = {d: vm_kib(p, "VmRSS") for d, p in pids.items()}
+            seen["peak"] = {d: vm_kib(p, "VmHWM") for d, p in pids.items()}
+            seen["logs"] = {d: (folder / "fleet" / "logs" / f"{d}.log").read_text() for d in pids}
+        return after
+
+    history, weights = served(tmp_path_factory.mktemp("native-run") / "native", "native", probe)
+    print(f"native agent VmRSS KiB at start {seen['started']}, idle after {ROUNDS} rounds {seen['idle']}, "
+          f"VmHWM {seen['peak']}")
+    return history, weights, seen
+
+
+def test_a_served_run_with_native_agents_idles_under_8_mib(native_run):
+    history, _, seen = native_run
+    for device, log in seen["logs"].items():
         assert "refused an instruction: instruction: not a JSON object" in log, log
     rounds = history["rounds"]
-    assert [r["round"] for r in rounds] == [1, 2]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
     for r in rounds:
-        assert r["aggregated"] and sum(r["participating_devices"].values()) == 2, (r["failed"], r["missing"])
         for device, metrics in r["device_metrics"].items():
             assert metrics["agent"] == "native" and metrics["trainer"] == "native", metrics
             assert 0 < metrics["agent_idle_rss_bytes"] <= IDLE_RSS_LIMIT, metrics     # its own, as it waited
@@ -63,25 +95,17 @@ def test_a_served_run_with_native_agents_idles_under_8_mib(tmp_path, agent_binar
             assert r["measured_peak_bytes"][device] > metrics["agent_peak_bytes"]   # the child's, not the agent's
             assert metrics["energy"]["source"] in ("rapl", "battery", "profile") and metrics["energy"]["joules"] > 0
             assert metrics["cache_bytes"] > 0
-    for device in idle:
-        assert max(started[device], idle[device]) * 1024 <= IDLE_RSS_LIMIT, (started, idle)
+    for device in seen["idle"]:
+        assert max(seen["started"][device], seen["idle"][device]) * 1024 <= IDLE_RSS_LIMIT, seen
 
 
-def final_weights(tmp_path: Path, agent: str) -> dict:
-    folder = tmp_path / agent
-    folder.mkdir()
-    fleet, plan = write_plan(folder, PHONES, "fedavg", rounds=3)
-    with ServedRun(folder, fleet, plan, train_limit=300, agent=agent) as run:
-        history = run.serve(folder / "state", 3, "--round-timeout", "300")
-    for r in history["rounds"]:
-        assert r["aggregated"] and sum(r["participating_devices"].values()) == 2, (agent, r["failed"], r["missing"])
-        assert set(m["trainer"] for m in r["device_metrics"].values()) == {"native"}
-        assert set(m.get("agent", "python") for m in r["device_metrics"].values()) == {agent}
-    return torch.load(folder / "state" / "weights.pt")
-
-
-def test_the_native_and_the_python_agent_reach_the_same_weights_bit_for_bit(tmp_path, agent_binary):
-    python, native = final_weights(tmp_path, "python"), final_weights(tmp_path, "native")
+def test_the_native_and_the_python_agent_reach_the_same_weights_bit_for_bit(native_run, tmp_path):
+    """For one seed, the Python agent (with the native trainer) and the native agent make the same global model."""
+    history, native, _ = native_run
+    python_history, python = served(tmp_path / "python", "python")
+    for r in python_history["rounds"]:
+        assert {m.get("agent", "python") for m in r["device_metrics"].values()} == {"python"}
+        assert {m["trainer"] for m in r["device_metrics"].values()} == {"native"}
     assert python.keys() == native.keys()
     for key, value in python.items():
         assert torch.equal(native[key], value), key
