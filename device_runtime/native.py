@@ -11,6 +11,11 @@ trainer.
 Where a built trainer is looked for, first match wins: $EDGEFL_ET_TRAIN (a path to the binary), the
 build cache ($EDGEFL_DEVICE_HOME, default ~/.cache/edgefl-device), `edgefl-et-train` on PATH (a bundle
 installs it there).
+
+The native device agent (`edgefl-device`, C++ under native/agent/, no ExecuTorch: paho.mqtt.c, OpenSSL and
+nlohmann-json from Debian) is built by the same `build` into the same bin/, beside the trainer it runs. Its
+build is keyed by the agent's own sources (`.agent-sources`): a change to it rebuilds it in seconds, never the
+trainer (minutes).
 """
 from __future__ import annotations
 
@@ -30,7 +35,9 @@ from edgefl.errors import ConfigError, MissingDependencyError
 
 EXECUTORCH_VERSION = "1.5.1"      # the exporter's version: programs and runtime must pair exactly
 BINARY = "edgefl-et-train"
+AGENT = "edgefl-device"
 SOURCES = Path(__file__).parent / "native"
+AGENT_SOURCES = SOURCES / "agent"
 
 
 @dataclass(frozen=True)
@@ -66,13 +73,17 @@ def home() -> Path:
     return Path(os.environ.get("EDGEFL_DEVICE_HOME") or Path.home() / ".cache" / "edgefl-device")
 
 
-def source_hash() -> str:
+def source_hash(agent: bool = False) -> str:
+    """The trainer's sources (native/ without agent/), or with `agent` the agent's (agent/ and the headers of
+    native/src it includes)."""
     from edgefl.manifest import _sha256
 
     h = _sha256()
     for path in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
         relative = path.relative_to(SOURCES)
-        if relative.parts[0] not in ("build", "fuzz"):  # the fuzz targets are not part of the trainer
+        if relative.parts[0] in ("build", "fuzz"):      # the fuzz targets are part of neither program
+            continue
+        if (AGENT_SOURCES in path.parents) == agent or (agent and path.name in ("sha256.h", "errors.h")):
             h.update(str(relative).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -85,6 +96,21 @@ def staged(folder: Path) -> Path:
     """The installed trainer of a build folder: stage/bin beside stage/lib, a link to the SDK's libraries
     (the binary's RUNPATH is $ORIGIN/../lib alone, as in a bundle)."""
     return folder / "stage" / "bin" / BINARY
+
+
+def staged_agent(folder: Path) -> Path:
+    return folder / "stage" / "bin" / AGENT
+
+
+def find_agent() -> Optional[Path]:
+    """The built native agent for this machine ($EDGEFL_DEVICE_NATIVE, else the build cache), or None."""
+    if env := os.environ.get("EDGEFL_DEVICE_NATIVE"):
+        return Path(env) if Path(env).is_file() else None
+    try:
+        built = staged_agent(build_dir(host_target()))
+    except ConfigError:
+        return None
+    return built if built.is_file() else None
 
 
 def find_trainer() -> Optional[Path]:
@@ -210,6 +236,7 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder / ".lock"):
         if binary.is_file() and (folder / ".sources").is_file() and (folder / ".sources").read_text() == source_hash():
+            build_agent(t, folder, log)
             return binary
         cmake = _tool("cmake", "install it with: apt-get install cmake (3.19 or newer)")
         compiler = "aarch64-linux-gnu-g++" if t.toolchain else "g++"
@@ -220,18 +247,46 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
         if t.toolchain:
             argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
         log(f"building {BINARY} for {t.name} in {folder}")
-        for step in (argv, [cmake, "--build", str(folder), "--parallel", str(os.cpu_count() or 1)],
-                     [cmake, "--install", str(folder), "--prefix", str(folder / "stage")]):
-            proc = subprocess.run(step, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"building {BINARY} failed ({' '.join(step[:3])}):\n{proc.stdout[-3000:]}\n"
-                                   f"{proc.stderr[-3000:]}")
+        _cmake(BINARY, argv, folder, folder / "stage")
         lib = folder / "stage" / "lib"
         if lib.is_symlink() or lib.exists():
             lib.unlink()
         lib.symlink_to(package / "lib", target_is_directory=True)
         (folder / ".sources").write_text(source_hash())
+        build_agent(t, folder, log)
     return binary
+
+
+def _cmake(what: str, configure: list[str], folder: Path, prefix: Path) -> None:
+    """Configure, build and install into `prefix` (a RuntimeError with cmake's tail when it fails)."""
+    for step in (configure, [configure[0], "--build", str(folder), "--parallel", str(os.cpu_count() or 1)],
+                 [configure[0], "--install", str(folder), "--prefix", str(prefix)]):
+        proc = subprocess.run(step, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building {what} failed ({' '.join(step[:3])}):\n{proc.stdout[-3000:]}\n"
+                               f"{proc.stderr[-3000:]}")
+
+
+def build_agent(t: Target, folder: Path, log=lambda line: None) -> Path:
+    """The native agent built into `folder`'s stage/bin beside the trainer (called by `build`, under its lock)."""
+    agent, stamp = staged_agent(folder), folder / ".agent-sources"
+    if agent.is_file() and stamp.is_file() and stamp.read_text() == source_hash(agent=True):
+        return agent
+    cmake = _tool("cmake", "install it with: apt-get install cmake (3.19 or newer)")
+    argv = [cmake, "-S", str(AGENT_SOURCES), "-B", str(folder / "agent-build"), "-DCMAKE_BUILD_TYPE=Release"]
+    if t.toolchain:
+        argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
+    log(f"building {AGENT} (native agent) for {t.name} in {folder}")
+    try:
+        _cmake(AGENT, argv, folder / "agent-build", folder / "stage")
+    except RuntimeError as exc:
+        if "MQTTAsync.h" in str(exc) or "PAHO" in str(exc) or "nlohmann" in str(exc) or "SSL_LIBRARY" in str(exc):
+            arch = ":arm64" if t.toolchain else ""
+            raise MissingDependencyError(f"the native agent needs paho.mqtt.c, OpenSSL and nlohmann-json: apt-get "
+                                         f"install libpaho-mqtt-dev{arch} libssl-dev{arch} nlohmann-json3-dev") from exc
+        raise
+    stamp.write_text(source_hash(agent=True))
+    return agent
 
 
 def edgefl_version() -> str:

@@ -34,11 +34,14 @@ class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
     def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
-                 fleet_options: tuple[str, ...] = (), cache_budget: Optional[str] = None):
+                 fleet_options: tuple[str, ...] = (), cache_budget: Optional[str] = None, agent: Optional[str] = None):
         """`fleet_options`: more options of `edgefl fleet up` (--enforce-memory); `cache_budget`: each agent's
-        --cache-budget."""
+        --cache-budget; `agent`: python | native (`edgefl fleet up --agent`: the native agent for ExecuTorch
+        groups); default $EDGEFL_TEST_AGENT or python, so a suite of served runs (the fault suite) runs with either
+        kind unchanged."""
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
         self.train_limit, self.fleet_options, self.cache_budget = train_limit, fleet_options, cache_budget
+        self.agent = agent or os.environ.get("EDGEFL_TEST_AGENT", "python")
         self.broker = Mosquitto(folder / "broker", persistence=True)
         self.devices: Optional[subprocess.Popen] = None
 
@@ -47,7 +50,7 @@ class ServedRun:
         self.devices = subprocess.Popen(
             edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
                    "--train-limit", str(self.train_limit), "--seed", str(self.seed),
-                   "--workdir", str(self.folder / "fleet"), *self.fleet_options,
+                   "--workdir", str(self.folder / "fleet"), "--agent", self.agent, *self.fleet_options,
                    *(("--cache-budget", self.cache_budget) if self.cache_budget else ())),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         return self
@@ -77,7 +80,8 @@ class ServedRun:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"edgefl.device_runtime.cli" in argv and b"--id" in argv and str(self.broker.port).encode() in b" ".join(argv):
+            agent = b"edgefl.device_runtime.cli" in argv or argv[0].endswith(b"/edgefl-device")
+            if agent and b"--id" in argv and str(self.broker.port).encode() in b" ".join(argv):
                 out[argv[argv.index(b"--id") + 1].decode()] = int(pid)
         return out
 

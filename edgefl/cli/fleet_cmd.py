@@ -31,14 +31,17 @@ def up(devices: Annotated[Path, typer.Option("--devices", help="fleet file")], b
        credentials: CredentialsDir = None, ca_file: CaFile = None, enforce_memory: EnforceMemory = False,
        cache_budget: Annotated[Optional[str], typer.Option(
            "--cache-budget", metavar="SIZE", help="what each device's artifact cache may keep beyond the current "
-           "round's set, e.g. 64MiB (the agent's default: 128MiB)")] = None):
+           "round's set, e.g. 64MiB (the agent's default: 128MiB)")] = None,
+       agent: Annotated[str, typer.Option("--agent", metavar="python|native", help="the device agent: the Python "
+                                          "one, or the native one (C++, no Python; 'edgefl-device build-native') for "
+                                          "ExecuTorch groups")] = "python"):
     """Start one device agent per device of the fleet; stop them all on Ctrl-C."""
     from edgefl.engines.agents import Agents, claim, start, supervise
 
     with claim(workdir):
         procs = start(Agents(devices=devices, broker=broker, dataset=dataset, partition=partition, seed=seed,
                              train_limit=train_limit, data_root=data_root, workdir=workdir, credentials=credentials,
-                             ca_file=ca_file, enforce_memory=enforce_memory, cache_budget=cache_budget),
+                             ca_file=ca_file, enforce_memory=enforce_memory, cache_budget=cache_budget, agent=agent),
                       say=lambda line: stdout.print(line, markup=False))
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -17,6 +17,10 @@ saying which process has its id, and this process fails naming them.
 Logins: `credentials` is the deployment folder `edgefl broker config -o DIR` wrote, or its `credentials/`
 folder (whichever holds `<device>.json`); with mqtts:// and no CA file, that deployment's `tls/ca.crt` is the
 CA. Every agent gets its own login file and the CA.
+
+`agent="native"` starts the native agent (`edgefl-device` in C++, built by `edgefl-device build-native`) for the
+devices of ExecuTorch groups, the Python agent for the others (the native agent trains ExecuTorch sets only). It
+reads no profile YAML: its group's memory budget and the profile's active power come as --memory and --power.
 """
 from __future__ import annotations
 
@@ -50,6 +54,22 @@ class Agents:
     ca_file: Optional[Path] = None
     enforce_memory: bool = False
     cache_budget: Optional[str] = None     # each agent's --cache-budget (its default when None)
+    agent: str = "python"                   # python | native (for ExecuTorch groups)
+
+
+AGENTS = ("python", "native")
+
+
+def native_agent() -> Path:
+    """The built native agent, or MissingDependencyError with the command that builds it."""
+    from edgefl.device_runtime.native import find_agent
+    from edgefl.errors import MissingDependencyError
+
+    found = find_agent()
+    if found is None:
+        raise MissingDependencyError("--agent native: the native agent is not built; build it with 'edgefl-device "
+                                     "build-native' (needs cmake, g++, libpaho-mqtt-dev, libssl-dev, nlohmann-json3-dev)")
+    return found
 
 
 def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, train_limit: Optional[int] = None,
@@ -65,11 +85,17 @@ def export_shares(fleet, dataset: str, partition: str, seed: int, folder: Path, 
 
 
 def device_command(device: str, group, broker: str, data: Path, workdir: Path, credentials: Optional[Path],
-                   ca_file: Optional[Path], enforce_memory: bool, cache_budget: Optional[str] = None) -> list[str]:
-    cmd = [sys.executable, "-m", "edgefl.device_runtime.cli", "run", "--id", device, "--broker", broker,
+                   ca_file: Optional[Path], enforce_memory: bool, cache_budget: Optional[str] = None,
+                   native: Optional[Path] = None) -> list[str]:
+    """`native`: the native agent's binary, for a device of an ExecuTorch group (else the Python agent runs)."""
+    native = native if group.runtime == "executorch" else None
+    program = [str(native)] if native is not None else [sys.executable, "-m", "edgefl.device_runtime.cli"]
+    cmd = [*program, "run", "--id", device, "--broker", broker,
            "--data", str(data), "--runtime", group.runtime, "--cache", str(workdir / "cache" / device),
            "--memory", str(group.memory_budget_bytes)]
-    if group.profile is not None:
+    if native is not None and group.profile is not None:   # no YAML on the device: the profile's power as a flag
+        cmd += ["--profile", group.profile.name, "--power", f"{group.profile.power_active_w}W"]
+    elif group.profile is not None:
         cmd += ["--profile", group.profile.name]
     else:
         cmd += ["--power", "3W"]     # no profile: the energy estimate's stand-in power, reported as estimated
@@ -112,6 +138,9 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
             ca_file = found_ca
             say(f"CA certificate: {ca_file} (from the deployment folder)")
     check_ca_file(ca_file, address)
+    if spec.agent not in AGENTS:
+        raise ConfigError(f"--agent {spec.agent}: choose one of: {', '.join(AGENTS)}")
+    native = native_agent() if spec.agent == "native" else None
     if spec.cache_budget is not None:
         try:
             parse_bytes(spec.cache_budget)
@@ -126,9 +155,9 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
             log = open(spec.workdir / "logs" / f"{device}.log", "w")
             procs[device] = subprocess.Popen(device_command(device, g, spec.broker, data[device], spec.workdir,
                                                             credentials, ca_file, spec.enforce_memory,
-                                                            spec.cache_budget),
+                                                            spec.cache_budget, native),
                                              stdout=log, stderr=subprocess.STDOUT)
-    say(f"{len(procs)} devices started ({', '.join(sorted({g.runtime for g in fleet.groups}))}); "
+    say(f"{len(procs)} devices started{' (native agents for ExecuTorch groups)' if native else ''} ({', '.join(sorted({g.runtime for g in fleet.groups}))}); "
         f"logs in {spec.workdir / 'logs'}; Ctrl-C stops them")
     return procs
 
