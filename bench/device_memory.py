@@ -9,8 +9,8 @@ device's the report's `peak_rss_bytes` (agent + training process).
 
     python bench/device_memory.py [--rounds 3] [--out bench/results/device_memory.json]
 
-The agent constants of the cost model (edgefl.cost.constants.AGENT_RESIDENT_BYTES) are the largest agent peak
-per kind this measures, rounded up to a MiB.
+The agent terms of the cost model (edgefl.cost.constants.AGENTS): per kind, the largest agent peak this
+measures less its two copies of the round's upload (the trained tensors), rounded up to a MiB.
 """
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def measure(agent: str, runtime: str, rounds: int, budget: str) -> dict:
         records = history["rounds"]
         predicted = json.loads(plan.read_text())["groups"]["g"]["steps"][0]["predicted"]
         metrics = [r["device_metrics"].get("g-0", {}) for r in records]
-        return {"agent": agent, "runtime": runtime, "rounds": rounds, "budget_bytes": int(
+        return {"agent": agent, "runtime": runtime, "rounds": rounds, "upload_bytes": predicted["upload_bytes"],
+                "budget_bytes": int(
                     json.loads(plan.read_text())["groups"]["g"]["budget"]["memory_bytes"]),
                 "agent_idle_rss_bytes": idle, "agent_peak_bytes": agent_hwm,
                 "agent_rss_sampled_max_bytes": max((b for _, b in sampler.samples), default=idle),
@@ -108,7 +109,8 @@ def main() -> None:
               f"{row['predicted_peak_bytes'] / MiB:6.1f} MiB; {row['status']}", flush=True)
     per_kind: dict[str, int] = {}
     for row in rows:
-        per_kind[row["agent"]] = max(per_kind.get(row["agent"], 0), row["agent_peak_bytes"])
+        own = row["agent_peak_bytes"] - 2 * row["upload_bytes"]
+        per_kind[row["agent"]] = max(per_kind.get(row["agent"], 0), own)
     out = {"machine": platform.machine(), "python": platform.python_version(), "rounds": args.rounds, "rows": rows,
            "agent_resident_bytes": {k: -(-v // MiB) * MiB for k, v in per_kind.items()}}
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -54,7 +54,7 @@ class GroupSpec(_Strict):
     flops_budget: Optional[float] = None
     runtime: Optional[Runtime] = None
     # the program that stays resident on the device beside each round's training process: its memory is
-    # part of what the plan promises (edgefl.cost.constants.AGENT_RESIDENT_BYTES)
+    # part of what the plan promises (edgefl.cost.constants.AGENTS)
     agent: Optional[Agent] = None
     examples: Optional[int] = Field(default=None, ge=1, strict=True)
 

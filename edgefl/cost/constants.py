@@ -20,12 +20,25 @@ from edgefl.errors import ConfigError
 
 MiB = 2**20
 
-# What the device agent keeps resident beside each round's training process, per agent kind: the largest
-# VmHWM an agent reached over served rounds of every runtime (bench/device_memory.py writes
-# bench/results/device_memory.json; the Python agent grows over its first rounds as its allocator keeps
-# freed arenas, then stays flat). A plan's predicted peak is the training process's plus this: the memory
-# budget is the whole device's.
-AGENT_RESIDENT_BYTES: dict[str, int] = {"native": 8 * MiB, "python": 75 * MiB}
+
+
+@dataclass(frozen=True)
+class AgentTerms:
+    """What a device agent keeps resident beside each round's training process: `resident_bytes` of its own
+    (program, libraries, MQTT session, allocator) plus `upload_copies` times the round's upload, which it holds
+    while it sends it (the trainer's output read in, and the outbox's copy kept until the receipt)."""
+    resident_bytes: int
+    upload_copies: float
+
+    def bytes(self, upload_bytes: int) -> int:
+        return int(self.resident_bytes + self.upload_copies * upload_bytes)
+
+
+# Per agent kind, measured by bench/device_memory.py (bench/results/device_memory.json): served rounds of the
+# full CNN (6.35 MiB uploads), the agent's VmHWM minus its two upload copies, rounded up to a MiB (the Python
+# agent grows over its first rounds as its allocator keeps freed arenas, then stays flat). A plan's predicted
+# peak is the training process's plus this: the memory budget is the whole device's.
+AGENTS: dict[str, AgentTerms] = {"native": AgentTerms(8 * MiB, 2.0), "python": AgentTerms(75 * MiB, 2.0)}
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ class Cost:
     download_bytes: int
     trained_params: int
     # what the device agent keeps resident beside the training process (edgefl.cost.constants
-    # .AGENT_RESIDENT_BYTES): the promise is for the whole device; 0 for the training process alone
+    # .AGENTS): the promise is for the whole device; 0 for the training process alone
     agent_bytes: int = 0
     terms: Optional["PeakTerms"] = field(default=None, compare=False, repr=False)   # the peak, constants apart
 

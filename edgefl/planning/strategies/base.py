@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
-from edgefl.cost.constants import AGENT_RESIDENT_BYTES, DEFAULTS, RuntimeConstants, unmeasured_note
+from edgefl.cost.constants import AGENTS, DEFAULTS, RuntimeConstants, unmeasured_note
 from edgefl.cost.model import Cost, config_cost
 from edgefl.cost.profile_store import ProfileStore
 from edgefl.fleet import DEFAULT_AGENT, Fleet, Group
@@ -82,7 +82,7 @@ class PlanContext:
         key = (self.model, config, runtime, agent)
         if key not in self._costs:
             process = config_cost(self.store, self.model, config, runtime, self.constants[runtime])
-            self._costs[key] = replace(process, agent_bytes=AGENT_RESIDENT_BYTES[agent])
+            self._costs[key] = replace(process, agent_bytes=AGENTS[agent].bytes(process.upload_bytes))
         return self._costs[key]
 
     def fits(self, config: TrainConfig, group: Group) -> bool:
