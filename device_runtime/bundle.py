@@ -1,14 +1,20 @@
 """`edgefl device bundle`: one tarball that turns a 64-bit Raspberry Pi (Raspberry Pi OS bookworm: Debian 12
-arm64, Python 3.11) into an edgefl device, built on any x86 machine and installed offline.
+arm64) into an edgefl device, built on any x86 machine and installed offline; no Python needed on the device.
+`--target linux-x86_64` gives the same for a desktop (the tests run it).
 
-    edgefl-device/bin/edgefl-et-train   the native ExecuTorch trainer, cross-built (native.build), installed
-                                        with its RUNPATH set to $ORIGIN/../lib alone
+    edgefl-device/bin/edgefl-device     the native device agent (C++: MQTT through a static paho.mqtt.c, the
+                                        system's OpenSSL), cross-built (native.build_agent)
+    edgefl-device/bin/edgefl-et-train   the native ExecuTorch trainer the agent runs each round, installed with
+                                        its RUNPATH set to $ORIGIN/../lib alone
     edgefl-device/lib/                  the runtime libraries it loads
-    edgefl-device/wheels/               edgefl (built from this source tree) + its base dependencies for the target
+    edgefl-device/wheels/               only with --with-python: edgefl (built from this source tree) + its base
+                                        dependencies for the target, for the Python tools (Python 3.11)
     edgefl-device/install.sh, edgefl-device.service, device.env, README.md   (from deploy/)
     edgefl-device/SHA256SUMS            of every other file (sha256sum -c format)
 
-No torch, executorch (Python) or onnxruntime wheel goes in: the Pi trains with the native trainer alone.
+No torch, executorch (Python) or onnxruntime wheel goes in: the device trains with the native trainer alone.
+Two bundles of the same source tree are the same bytes (write_archive; the binaries come from the build
+cache, keyed by their sources' hash).
 Dependency wheels are resolved by `pip download` for the edgefl wheel itself and cached under
 $EDGEFL_DEVICE_HOME/wheels/<platform>/<hash of the requirements>, so the next bundle downloads nothing
 (delete that folder to pick up newer releases).
@@ -191,8 +197,10 @@ def write_archive(stage: Path, output: Path, epoch: int) -> None:
         partial.unlink(missing_ok=True)
 
 
-def build_bundle(target_name: str, output: Path, log=lambda line: None, force: bool = False) -> Path:
-    """Write the bundle for `target_name` (linux-aarch64: a Raspberry Pi) to `output` (.tar.gz); its path."""
+def build_bundle(target_name: str, output: Path, log=lambda line: None, force: bool = False,
+                 with_python: bool = False) -> Path:
+    """Write the bundle for `target_name` (linux-aarch64: a Raspberry Pi) to `output` (.tar.gz); its path.
+    `with_python`: the wheels of edgefl and its base dependencies go in too."""
     t = native.target(target_name)
     output = Path(output)
     if not output.parent.is_dir():
@@ -203,22 +211,25 @@ def build_bundle(target_name: str, output: Path, log=lambda line: None, force: b
     epoch = source_date_epoch(source)
     with tempfile.TemporaryDirectory(prefix="edgefl-bundle-") as tmp:
         stage = Path(tmp) / TOP
-        for sub in ("bin", "lib", "wheels"):
+        for sub in ("bin", "lib"):
             (stage / sub).mkdir(parents=True)
         native.build(t.name, log=log)
         install_trainer(native.build_dir(t), stage)
+        shutil.copy2(native.staged_agent(native.build_dir(t)), stage / "bin" / native.AGENT)
         libraries = native.runtime_libraries(t.name)
         for name in native.NEEDED_LIBRARIES:
             shutil.copy2(libraries / name, stage / "lib" / name)
-        log("building the edgefl wheel")
-        own = build_wheel(source, stage / "wheels", epoch)
-        deps = dependency_wheels(own, t, log)
-        check_excluded([own, *deps])
-        for wheel in deps:
-            shutil.copy2(wheel, stage / "wheels" / wheel.name)
+        if with_python:
+            (stage / "wheels").mkdir()
+            log("building the edgefl wheel")
+            own = build_wheel(source, stage / "wheels", epoch)
+            deps = dependency_wheels(own, t, log)
+            check_excluded([own, *deps])
+            for wheel in deps:
+                shutil.copy2(wheel, stage / "wheels" / wheel.name)
         for template in TEMPLATES:
             (stage / template).write_text(_render(template, t))
-        for path in (stage / "install.sh", stage / "bin" / native.BINARY, *(stage / "lib").iterdir()):
+        for path in (stage / "install.sh", *(stage / "bin").iterdir(), *(stage / "lib").iterdir()):
             path.chmod(0o755)
         (stage / "SHA256SUMS").write_text(sha256sums(stage))
         write_archive(stage, output, epoch)

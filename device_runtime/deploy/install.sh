@@ -1,11 +1,13 @@
 #!/bin/sh
 # Installs the edgefl device agent from this bundle (edgefl @VERSION@, @TARGET@), offline:
-#   - a virtual environment PREFIX/venv with the system python3 and the bundle's wheels (no index, no torch);
-#   - PREFIX/bin/edgefl-device, which runs the agent with the bundled native trainer (edgefl-et-train);
+#   - PREFIX/bin/edgefl-device, the native agent, which runs the bundled native trainer (edgefl-et-train)
+#     each round: no Python needed;
+#   - only when the bundle carries wheels/ ('edgefl device bundle --with-python'): a virtual environment
+#     PREFIX/venv with the system python3 and those wheels (no index, no torch), for the Python tools;
 #   - as root, also: the system user 'edgefl', /etc/edgefl/device.env (kept if present) and
 #     /etc/systemd/system/edgefl-device.service (not enabled: edit device.env first).
 # PREFIX defaults to the folder this script is in; PREFIX=/elsewhere ./install.sh copies bin/ and lib/ there.
-# PYTHON picks the interpreter (default python3).
+# PYTHON picks the interpreter for the wheels (default python3).
 set -eu
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,11 +19,6 @@ fail() { echo "install.sh: error: $*" >&2; exit 1; }
 
 machine=$(uname -m)
 [ "$machine" = "@MACHINE@" ] || fail "this bundle is for @MACHINE@ (@TARGET@) and this machine is $machine; on a Raspberry Pi use the 64-bit Raspberry Pi OS (bookworm)"
-command -v "$PYTHON" >/dev/null 2>&1 || fail "$PYTHON not found; install it with: sudo apt install python3 python3-venv"
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || fail "edgefl needs Python >= 3.10; $PYTHON is $("$PYTHON" -V 2>&1)"
-"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || fail "$PYTHON cannot create virtual environments; install it with: sudo apt install python3-venv"
-version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-[ "$version" = "@PYTHON_VERSION@" ] || echo "install.sh: warning: the bundle's compiled wheels (numpy, pydantic-core, pyyaml) are for Python @PYTHON_VERSION@ and $PYTHON is $version; pip will fail unless wheels for $version are added to wheels/" >&2
 
 if command -v sha256sum >/dev/null 2>&1; then
     (cd "$HERE" && sha256sum --check --quiet SHA256SUMS) || fail "the bundle's files do not match SHA256SUMS: unpack a fresh copy"
@@ -29,25 +26,24 @@ fi
 
 if [ "$PREFIX" != "$HERE" ]; then
     mkdir -p "$PREFIX/bin" "$PREFIX/lib"
-    cp "$HERE/bin/edgefl-et-train" "$PREFIX/bin/"
+    cp "$HERE/bin/edgefl-device" "$HERE/bin/edgefl-et-train" "$PREFIX/bin/"
     cp "$HERE"/lib/*.so "$PREFIX/lib/"
 fi
 PREFIX=$(cd "$PREFIX" && pwd)
+"$PREFIX/bin/edgefl-device" --help >/dev/null 2>&1 || fail "$PREFIX/bin/edgefl-device does not run here: it needs OpenSSL 3 (libssl3, in Raspberry Pi OS bookworm); install it with: sudo apt install libssl3"
+echo "installed $PREFIX/bin/edgefl-device (the native agent); see its flags with: $PREFIX/bin/edgefl-device --help"
 
-echo "creating $PREFIX/venv with $PYTHON ($version)"
-"$PYTHON" -m venv "$PREFIX/venv"
-"$PREFIX/venv/bin/pip" install --quiet --no-index --find-links "$HERE/wheels" edgefl
-# the bundle's own edgefl, even when a venv from an earlier bundle holds the same version number
-"$PREFIX/venv/bin/pip" install --quiet --no-index --no-deps --force-reinstall "$HERE"/wheels/edgefl-*.whl
-
-cat > "$PREFIX/bin/edgefl-device" <<WRAPPER
-#!/bin/sh
-# edgefl's device agent with the bundled native ExecuTorch trainer (written by install.sh)
-export EDGEFL_ET_TRAIN="$PREFIX/bin/edgefl-et-train"
-exec "$PREFIX/venv/bin/edgefl-device" "\$@"
-WRAPPER
-chmod 755 "$PREFIX/bin/edgefl-device"
-echo "installed $PREFIX/bin/edgefl-device; check it with: $PREFIX/bin/edgefl-device info"
+if [ -d "$HERE/wheels" ]; then
+    command -v "$PYTHON" >/dev/null 2>&1 || fail "$PYTHON not found (the bundle's wheels need it); install it with: sudo apt install python3 python3-venv"
+    "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || fail "$PYTHON cannot create virtual environments; install it with: sudo apt install python3-venv"
+    version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    [ "$version" = "@PYTHON_VERSION@" ] || echo "install.sh: warning: the bundle's compiled wheels (numpy, pydantic-core, pyyaml) are for Python @PYTHON_VERSION@ and $PYTHON is $version; pip will fail unless wheels for $version are added to wheels/" >&2
+    echo "creating $PREFIX/venv with $PYTHON ($version) for the Python tools"
+    "$PYTHON" -m venv "$PREFIX/venv"
+    "$PREFIX/venv/bin/pip" install --quiet --no-index --find-links "$HERE/wheels" edgefl
+    # the bundle's own edgefl, even when a venv from an earlier bundle holds the same version number
+    "$PREFIX/venv/bin/pip" install --quiet --no-index --no-deps --force-reinstall "$HERE"/wheels/edgefl-*.whl
+fi
 
 if [ "$(id -u)" != 0 ]; then
     echo "not root: the service was not installed (run 'sudo $0' for the edgefl-device systemd service)"

@@ -19,15 +19,19 @@ def bundle(
                                           help="tarball to write (default: edgefl-pi.tar.gz for linux-aarch64, "
                                                "else edgefl-<target>.tar.gz)"),
     force: bool = typer.Option(False, "--force", help="overwrite an existing output"),
+    with_python: bool = typer.Option(False, "--with-python", help="also the wheels of edgefl and its base "
+                                     "dependencies (no torch, no ONNX Runtime), for the Python tools on the device"),
 ):
-    """Cross-build the native trainer and collect it, its libraries, the wheels of edgefl and its base
-    dependencies (no torch, no ONNX Runtime), install.sh and a systemd unit into one tarball."""
+    """Cross-build the native device agent and trainer and collect them, the trainer's libraries, install.sh
+    and a systemd unit into one tarball: a device needs no Python. Two bundles of one source tree are the
+    same bytes."""
     from edgefl.device_runtime.bundle import build_bundle, contents
     from edgefl.units import format_bytes
 
     if output is None:
         output = Path("edgefl-pi.tar.gz" if target == "linux-aarch64" else f"edgefl-{target}.tar.gz")
-    path = build_bundle(target, output, log=lambda line: print(line, file=sys.stderr, flush=True), force=force)
+    path = build_bundle(target, output, log=lambda line: print(line, file=sys.stderr, flush=True), force=force,
+                        with_python=with_python)
     print(f"bundle written to {path} ({format_bytes(path.stat().st_size)}), for {target}:")
     for entry, (files, size) in sorted(contents(path).items()):
         count = f"{files} file{'' if files == 1 else 's'}, " if entry.endswith("/") else ""

@@ -4,12 +4,13 @@ bundle `edgefl device bundle` writes for a Pi.
 
 * the cross-built trainer reports machine aarch64 and trains a CNN frozen-1 ExecuTorch set (one epoch of 40
   examples) to the x86 trainer's losses (rel. 1e-5) and upload (rel. err <= 1e-5);
-* the bundle unpacks to edgefl-device/ with bin/edgefl-et-train (an aarch64 ELF whose only RUNPATH is
-  $ORIGIN/../lib), lib/ holding exactly the libraries it loads, wheels/ holding edgefl and numpy for aarch64
-  and no torch, executorch or onnxruntime, an executable install.sh, the unit, device.env, README.md and a
-  SHA256SUMS that verifies; the bundled trainer runs from the unpacked folder through that RUNPATH (no
-  LD_LIBRARY_PATH, and the build machine's SDK folder is not on it) with the same result; a second bundle
-  (--force) needs no package index (the dependency wheels are cached);
+* the bundle unpacks to edgefl-device/ with bin/edgefl-device (the native agent, paho.mqtt.c and libstdc++
+  linked in) and bin/edgefl-et-train (aarch64 ELFs; the trainer's only RUNPATH is $ORIGIN/../lib), lib/
+  holding exactly the libraries it loads, no wheels (no Python on the device), an executable install.sh,
+  the unit, device.env, README.md and a SHA256SUMS that verifies; the bundled trainer runs from the unpacked
+  folder through that RUNPATH (no LD_LIBRARY_PATH, and the build machine's SDK folder is not on it) with the
+  same result; a second bundle is the same bytes and needs no package index; --with-python adds wheels/
+  holding edgefl and numpy for aarch64 and no torch, executorch or onnxruntime;
 * bad output paths (a missing folder, an existing file without --force) are one line and exit 2.
 
 Needs apt's qemu-user-static and g++-aarch64-linux-gnu (the test fails, not skips, without them); the
@@ -117,26 +118,23 @@ def bundle(qemu, tmp_path_factory):
 def test_bundle_layout(bundle):
     tarball, root, stdout = bundle
     assert str(tarball) in stdout and "MiB" in stdout
-    assert all(entry in stdout for entry in ("bin/", "lib/", "wheels/", "install.sh"))
+    assert all(entry in stdout for entry in ("bin/", "lib/", "install.sh"))
+    # no Python on the device: the native agent and trainer, no wheels unless --with-python
     assert sorted(p.name for p in root.iterdir()) == ["README.md", "SHA256SUMS", "bin", "device.env",
-                                                      "edgefl-device.service", "install.sh", "lib", "wheels"]
+                                                      "edgefl-device.service", "install.sh", "lib"]
     binary = root / "bin" / native.BINARY
-    assert [p.name for p in (root / "bin").iterdir()] == [native.BINARY] and os.access(binary, os.X_OK)
-    assert binary.read_bytes()[18:20] == (183).to_bytes(2, "little")      # ELF e_machine EM_AARCH64
+    assert sorted(p.name for p in (root / "bin").iterdir()) == [native.AGENT, native.BINARY]
+    for program in (root / "bin").iterdir():
+        assert os.access(program, os.X_OK)
+        assert program.read_bytes()[18:20] == (183).to_bytes(2, "little"), program   # ELF e_machine EM_AARCH64
+    agent = subprocess.run(["readelf", "-d", str(root / "bin" / native.AGENT)], capture_output=True, text=True,
+                           check=True).stdout
+    needed = sorted(line.split("[", 1)[1].rstrip("]") for line in agent.splitlines() if "(NEEDED)" in line)
+    assert not [n for n in needed if "paho" in n or "stdc++" in n], needed    # linked in: a bare Pi has neither
     dynamic = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, check=True).stdout
     paths = [line.split("[", 1)[1] for line in dynamic.splitlines() if "(RUNPATH)" in line or "(RPATH)" in line]
     assert paths == ["$ORIGIN/../lib]"], dynamic
     assert sorted(p.name for p in (root / "lib").iterdir()) == sorted(native.NEEDED_LIBRARIES)
-
-    wheels = [p.name for p in (root / "wheels").iterdir()]
-    assert all(w.endswith(".whl") for w in wheels)
-    assert len([w for w in wheels if w.startswith("edgefl-")]) == 1
-    assert any(w.startswith("numpy-") and "aarch64" in w and "cp311" in w for w in wheels), wheels
-    assert not [w for w in wheels if w.lower().startswith(("torch", "executorch", "onnxruntime"))], wheels
-    own = next((root / "wheels").glob("edgefl-*.whl"))
-    with zipfile.ZipFile(own) as z:
-        names = z.namelist()
-    assert "edgefl/device_runtime/cli.py" in names and not [n for n in names if n.startswith(("tests/", "bench/"))]
 
     install = root / "install.sh"
     assert os.access(install, os.X_OK)
@@ -164,14 +162,29 @@ def test_bundled_trainer_runs_from_the_unpacked_folder(qemu, bundle, case, x86_r
     assert_same_training(report, upload, x86_run)
 
 
-def test_a_second_bundle_needs_no_package_index(bundle):
+def test_a_second_bundle_is_the_same_bytes_and_needs_no_package_index(bundle, tmp_path):
     tarball = bundle[0]
     offline = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     offline.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")
-    proc = bundle_cli(tarball, "--force", env=offline)
+    again = tmp_path / "again.tar.gz"
+    proc = bundle_cli(again, env=offline)
+    assert proc.returncode == 0, proc.stderr
+    assert hashlib.sha256(again.read_bytes()).hexdigest() == hashlib.sha256(tarball.read_bytes()).hexdigest()
+
+
+def test_with_python_the_bundle_carries_the_wheels_and_no_runtime(qemu, tmp_path):
+    tarball = tmp_path / "with-python.tar.gz"
+    proc = bundle_cli(tarball, "--with-python")
     assert proc.returncode == 0, proc.stderr
     with tarfile.open(tarball) as tar:
-        assert f"edgefl-device/lib/{native.NEEDED_LIBRARIES[0]}" in tar.getnames()
+        wheels = [n.split("/")[-1] for n in tar.getnames() if n.startswith("edgefl-device/wheels/") and n.endswith(".whl")]
+        own = tar.extractfile(next(m for m in tar.getmembers() if m.name.startswith("edgefl-device/wheels/edgefl-")))
+        with zipfile.ZipFile(own) as z:
+            names = z.namelist()
+    assert len([w for w in wheels if w.startswith("edgefl-")]) == 1
+    assert any(w.startswith("numpy-") and "aarch64" in w and "cp311" in w for w in wheels), wheels
+    assert not [w for w in wheels if w.lower().startswith(("torch", "executorch", "onnxruntime"))], wheels
+    assert "edgefl/device_runtime/cli.py" in names and not [n for n in names if n.startswith(("tests/", "bench/"))]
 
 
 @pytest.mark.parametrize("problem", ["missing folder", "existing file"])

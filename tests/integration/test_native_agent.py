@@ -11,6 +11,8 @@ import torch
 from mosquitto import Mosquitto, write_credentials
 from served_run import ServedRun, wait_for, write_plan
 
+from edgefl.cost.constants import AGENTS
+
 pytestmark = pytest.mark.usefixtures("native_trainer")    # builds the trainer and, beside it, the native agent
 PHONES = "fleet:\n  name: phones\n  groups:\n    phone: {count: 2, runtime: executorch, memory_budget: 1GiB}\n"
 IDLE_RSS_LIMIT = 8 * 2**20
@@ -92,11 +94,18 @@ def test_a_served_run_with_native_agents_idles_under_8_mib(native_run):
             assert metrics["agent"] == "native" and metrics["trainer"] == "native", metrics
             assert 0 < metrics["agent_idle_rss_bytes"] <= IDLE_RSS_LIMIT, metrics     # its own, as it waited
             assert metrics["agent_idle_rss_bytes"] <= metrics["agent_peak_bytes"], metrics
-            assert r["measured_peak_bytes"][device] > metrics["agent_peak_bytes"]   # the child's, not the agent's
+            # the promise for the whole device: the training process's peak and the agent's, within the plan's
+            # prediction (which counts the native agent), within the group's budget
+            measured, predicted = r["measured_peak_bytes"][device], r["predicted_peak_bytes"][device]
+            assert measured == metrics["child_peak_bytes"] + metrics["agent_peak_bytes"], metrics
+            assert metrics["child_peak_bytes"] > 0 and measured <= predicted <= 2**30, (measured, predicted)
             assert metrics["energy"]["source"] in ("rapl", "battery", "profile") and metrics["energy"]["joules"] > 0
             assert metrics["cache_bytes"] > 0
+    upload = rounds[0]["upload_bytes"] // 2          # each device's trained tensors
     for device in seen["idle"]:
         assert max(seen["started"][device], seen["idle"][device]) * 1024 <= IDLE_RSS_LIMIT, seen
+        # what the plan counts for the agent covers its peak seen from outside (with its round's upload)
+        assert seen["peak"][device] * 1024 <= AGENTS["native"].bytes(upload), (seen, upload)
 
 
 def test_the_native_and_the_python_agent_reach_the_same_weights_bit_for_bit(native_run, tmp_path):

@@ -174,7 +174,10 @@ bool Agent::handle(const Job& job, Outcome& out) {
   auto meter = select_meter(c_.energy, c_.power_w);
   meter->start();
   std::unique_ptr<MemoryCap> cap;
-  if (c_.enforce_memory) cap = std::make_unique<MemoryCap>(c_.memory_bytes, "edgefl-" + c_.device_id);
+  // the budget is the whole device's: the training process gets what this agent does not hold
+  if (c_.enforce_memory)
+    cap = std::make_unique<MemoryCap>(std::max<int64_t>(c_.memory_bytes - vm_status("VmRSS"), 1),
+                                      "edgefl-" + c_.device_id);
   bool over = false;
   ChildResult child = run_child(argv, c_.threads, cap.get(), [&] {
     for (int i = 0; i < 64; i++)    // keep the link's view current while the child trains
@@ -194,11 +197,19 @@ bool Agent::handle(const Job& job, Outcome& out) {
   if (result.is_discarded() || !result.is_object()) result = json::object();
   report["wall_s"] = now_s() - t0;
   const json peak = result.value("peak_rss_bytes", json());
-  report["peak_rss_bytes"] = peak.is_number_integer() && peak.get<int64_t>() > 0 ? peak : json(child.max_rss_bytes);
+  const int64_t child_peak = peak.is_number_integer() && peak.get<int64_t>() > 0 ? peak.get<int64_t>()
+                                                                                 : child.max_rss_bytes;
   json& metrics = report["metrics"];
   metrics = {{"max_rss_bytes", child.max_rss_bytes}, {"runtime", c_.runtime},
              {"cache_bytes", link_.cache().trim(folder)}, {"energy", json::parse(energy.to_json())},
-             {"agent", "native"}, {"agent_peak_bytes", vm_status("VmHWM")}, {"agent_idle_rss_bytes", idle_rss_}};
+             {"agent", "native"}, {"agent_idle_rss_bytes", idle_rss_}, {"child_peak_bytes", child_peak}};
+  // the device's peak is the training process's and this agent's, which stays resident beside it (as the plan
+  // predicts it); taken again once the upload is read in, the agent's largest moment of the round
+  auto whole_device = [&] {
+    metrics["agent_peak_bytes"] = vm_status("VmHWM");
+    report["peak_rss_bytes"] = child_peak + metrics["agent_peak_bytes"].get<int64_t>();
+  };
+  whole_device();
   if (child.returncode != 0) {
     report["reason"] = child.error;
     remove_tree(tmp);
@@ -218,6 +229,7 @@ bool Agent::handle(const Job& job, Outcome& out) {
     return true;
   }
   for (const auto& t : suffix.trainable) out.order.push_back({{"name", t.name}, {"shape", t.shape}, {"dtype", t.dtype}});
+  whole_device();
   report["status"] = "ok";
   report["examples"] = result.value("examples", 0);
   report["loss_before"] = result.value("loss_first", json());
