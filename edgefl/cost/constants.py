@@ -38,7 +38,7 @@ class AgentTerms:
 # full CNN (6.35 MiB uploads), the agent's VmHWM minus its two upload copies, rounded up to a MiB (the Python
 # agent grows over its first rounds as its allocator keeps freed arenas, then stays flat). A plan's predicted
 # peak is the training process's plus this: the memory budget is the whole device's.
-AGENTS: dict[str, AgentTerms] = {"native": AgentTerms(8 * MiB, 2.0), "python": AgentTerms(75 * MiB, 2.0)}
+AGENTS: dict[str, AgentTerms] = {"native": AgentTerms(8 * MiB, 2.0), "python": AgentTerms(64 * MiB, 2.0)}
 
 
 @dataclass(frozen=True)

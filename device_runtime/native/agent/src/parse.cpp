@@ -2,6 +2,9 @@
 // in the log (or a refusal the coordinator reads), never a crash of the agent.
 #include "parse.h"
 
+#include <cmath>
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 namespace edgefl::agent {
@@ -27,9 +30,14 @@ bool hex_of(std::string_view s, size_t n) {
 
 // An integer JSON value (a float with an integral value is one too, as Python's int() takes it).
 int64_t integer(const json& v) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw std::invalid_argument("expected an integer, got " + v.dump().substr(0, 40) + " (too large)");
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-    return static_cast<int64_t>(v.get<double>());
+  // a float converts only where int64 holds it (outside, the conversion is undefined: found by fuzzing)
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d >= -9.2e18 && d <= 9.2e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
+  }
   throw std::invalid_argument("expected an integer, got " + v.dump().substr(0, 40));
 }
 
@@ -177,9 +185,15 @@ bool parse_set_manifest(std::string_view payload, SetManifest& out, std::string&
     if (d.contains("trainable"))
       for (const auto& t : d["trainable"]) {
         TensorSpec s{t.at("name").get<std::string>(), t.at("dtype").get<std::string>(), {}};
+        int64_t elements = 1;
         for (const auto& n : t.at("shape")) {
           s.shape.push_back(integer(n));
-          if (s.shape.back() < 0) throw std::invalid_argument("a negative dimension");
+          // bounded so that numel() and the buffer size (4 bytes each) cannot overflow: a tensor of 2^48 floats
+          // is far beyond any device
+          if (s.shape.back() < 0 || s.shape.back() > INT32_MAX) throw std::invalid_argument("a dimension out of range");
+          if (s.shape.back() > 0 && elements > (int64_t{1} << 48) / s.shape.back())
+            throw std::invalid_argument("a tensor of more than 2^48 elements");
+          elements *= s.shape.back();
         }
         m.trainable.push_back(std::move(s));
       }
