@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,40 @@ def _cmake(what: str, configure: list[str], folder: Path, prefix: Path) -> None:
                                f"{proc.stderr[-3000:]}")
 
 
+TARGET_PACKAGES = ("libpaho-mqtt-dev", "libssl-dev", "libssl3")   # what the agent links, for a cross build
+
+
+def target_libraries(t: Target, log=lambda line: None) -> Path:
+    """paho.mqtt.c and OpenSSL for `t`'s machine, unpacked from Debian's packages (`apt-get download`, `dpkg-deb
+    -x`) into the cache: a sysroot of their own. Installed through multiarch instead, they bring an arm64 libc
+    into /lib/aarch64-linux-gnu that the loader under qemu-aarch64 -L then mixes with the cross toolchain's, and
+    the trainer hangs there."""
+    root = home() / "sysroot" / t.name
+    if (root / ".complete").is_file():
+        return root
+    apt = _tool("apt-get", "cross-building the agent needs Debian's apt-get")
+    dpkg = _tool("dpkg-deb", "cross-building the agent needs Debian's dpkg-deb")
+    arch = {"aarch64": "arm64"}[t.machine]
+    log(f"unpacking {', '.join(TARGET_PACKAGES)} for {arch} into {root}")
+    with tempfile.TemporaryDirectory(prefix="edgefl-debs-") as tmp:
+        proc = subprocess.run([apt, "download", *(f"{p}:{arch}" for p in TARGET_PACKAGES)], cwd=tmp,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise MissingDependencyError(f"could not download {arch} packages of the agent's libraries ({last}); let "
+                                         f"apt see {arch} packages (nothing is installed): dpkg --add-architecture "
+                                         f"{arch} && apt-get update")
+        partial = root.with_name(root.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        for deb in sorted(Path(tmp).glob("*.deb")):
+            subprocess.run([dpkg, "-x", str(deb), str(partial)], check=True, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+        partial.rename(root)
+        (root / ".complete").write_text("\n".join(TARGET_PACKAGES) + "\n")
+    return root
+
+
 def build_agent(t: Target, folder: Path, log=lambda line: None) -> Path:
     """The native agent built into `folder`'s stage/bin beside the trainer (called by `build`, under its lock)."""
     agent, stamp = staged_agent(folder), folder / ".agent-sources"
@@ -276,6 +311,13 @@ def build_agent(t: Target, folder: Path, log=lambda line: None) -> Path:
     argv = [cmake, "-S", str(AGENT_SOURCES), "-B", str(folder / "agent-build"), "-DCMAKE_BUILD_TYPE=Release"]
     if t.toolchain:
         argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
+        root = target_libraries(t, log)
+        lib = root / "usr" / "lib" / f"{t.machine}-linux-gnu"
+        argv += [f"-DPAHO_INCLUDE_DIR={root / 'usr' / 'include'}", f"-DPAHO_STATIC={lib / 'libpaho-mqtt3as.a'}",
+                 f"-DSSL_LIBRARY={lib / 'libssl.so'}", f"-DCRYPTO_LIBRARY={lib / 'libcrypto.so'}",
+                 f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{lib}"]
+        if Path("/usr/include/nlohmann/json.hpp").is_file():       # header-only: the build machine's serves
+            argv.append("-DNLOHMANN_INCLUDE_DIR=/usr/include")
     log(f"building {AGENT} (native agent) for {t.name} in {folder}")
     try:
         _cmake(AGENT, argv, folder / "agent-build", folder / "stage")

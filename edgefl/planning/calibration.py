@@ -36,7 +36,9 @@ def samples_from_run(run: str | Path, store=None) -> tuple[list[PeakSample], lis
                 costs = [config_cost(store, plan.model, c, group.runtime, DEFAULTS[group.runtime]) for c in configs]
                 k = DEFAULTS[group.runtime].for_model(plan.model.name)
                 config, terms = max(zip(configs, (c.terms for c in costs)), key=lambda ct: ct[1].peak(k))
-                why = refusal(config.batch_size, group.examples, int(examples.get(device, 0)), metrics.get(device, {}))
+                failed = (record.get("failed") or {}).get(device)
+                why = (f"its round failed ({failed}): a peak cut short" if failed else
+                       refusal(config.batch_size, group.examples, int(examples.get(device, 0)), metrics.get(device, {})))
                 if why:
                     refused.append(Refused(device, record["round"], why))
                     continue

@@ -244,6 +244,11 @@ class _Intake:
             if not report.ok:  # out of memory, crashed, gone offline: the round goes on without it
                 record.failed[report.device_id] = report.reason or "device failed"
                 record.download_bytes += report.download_bytes
+                # a process killed at its memory cap was measured up to its death: the report keeps that peak
+                if report.peak_rss_bytes is not None:
+                    record.measured_peak_bytes[report.device_id] = report.peak_rss_bytes
+                if report.metrics:
+                    record.device_metrics[report.device_id] = report.metrics
                 return
             contribution = self.server.contribution(report, instruction, handle)
         except ReportRejected as exc:
