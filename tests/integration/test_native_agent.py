@@ -120,6 +120,14 @@ def test_the_native_and_the_python_agent_reach_the_same_weights_bit_for_bit(nati
         assert torch.equal(native[key], value), key
 
 
+def start_agent(binary: Path, broker: Mosquitto, folder: Path) -> subprocess.Popen:
+    """The native agent as device dev-0 on `broker`, with an empty data folder (it trains nothing here)."""
+    (folder / "data").mkdir()
+    return subprocess.Popen([str(binary), "--id", "dev-0", "--broker", broker.url, "--data", str(folder / "data"),
+                             "--power", "3W", "--cache", str(folder / "cache")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_a_wrong_password_is_one_line_and_exit_2(tmp_path, agent_binary, native_trainer):
     data = tmp_path / "data"
     data.mkdir()
@@ -138,12 +146,8 @@ def test_a_malformed_instruction_naming_its_round_is_refused_with_a_report(tmp_p
     reason (the coordinator hears why); the agent goes on."""
     import paho.mqtt.client as mqtt
 
-    data = tmp_path / "data"
-    data.mkdir()
     with Mosquitto(tmp_path / "broker") as broker:
-        agent = subprocess.Popen([str(agent_binary), "--id", "dev-0", "--broker", broker.url, "--data", str(data),
-                                  "--power", "3W", "--cache", str(tmp_path / "cache")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        agent = start_agent(agent_binary, broker, tmp_path)
         got: list[tuple[str, bytes]] = []
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="coordinator", protocol=mqtt.MQTTv5)
         c.on_message = lambda client, userdata, msg: got.append((msg.topic, msg.payload))
@@ -178,12 +182,8 @@ def test_a_malformed_instruction_naming_its_round_is_refused_with_a_report(tmp_p
 def test_sigterm_ends_a_native_agent_stuck_in_a_fetch_within_5_s(tmp_path, agent_binary, native_trainer):
     """Rule 4: an instruction whose set nobody serves leaves the agent asking; SIGTERM ends the fetch at once,
     says offline ("it stopped") and exits."""
-    data = tmp_path / "data"
-    data.mkdir()
     with Mosquitto(tmp_path / "broker") as broker:
-        agent = subprocess.Popen([str(agent_binary), "--id", "dev-0", "--broker", broker.url, "--data", str(data),
-                                  "--power", "3W", "--cache", str(tmp_path / "cache")],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        agent = start_agent(agent_binary, broker, tmp_path)
         try:
             wait_for(lambda: (tmp_path / "cache" / "partial").is_dir(), 30, "the agent's cache")
             time.sleep(1.0)

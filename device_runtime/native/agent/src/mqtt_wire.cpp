@@ -231,9 +231,7 @@ bool MqttWire::check_size(const std::string& topic, size_t payload_bytes) {
   return false;
 }
 
-bool MqttWire::publish(const std::string& topic, const std::string& payload, bool retain) {
-  if (!check_size(topic, payload.size())) return false;
-  auto* op = new Op{this, topic};
+int MqttWire::send(Op* op, const std::string& topic, const std::string& payload, bool retain) {
   MQTTAsync_responseOptions r = MQTTAsync_responseOptions_initializer;
   r.context = op;
   r.onSuccess5 = &MqttWire::on_published;
@@ -244,13 +242,22 @@ bool MqttWire::publish(const std::string& topic, const std::string& payload, boo
   }
   const int rc = MQTTAsync_send(client_, topic.c_str(), static_cast<int>(payload.size()), payload.data(), 1,
                                 retain ? 1 : 0, &r);
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (rc != MQTTASYNC_SUCCESS) {
+  if (rc != MQTTASYNC_SUCCESS) {     // no callback will come for it
+    std::lock_guard<std::mutex> lock(mutex_);
     inflight_--;
     delete op;
+  }
+  return rc;
+}
+
+bool MqttWire::publish(const std::string& topic, const std::string& payload, bool retain) {
+  if (!check_size(topic, payload.size())) return false;
+  const int rc = send(new Op{this, topic}, topic, payload, retain);
+  if (rc != MQTTASYNC_SUCCESS) {
     log_(EDGEFL_LOG_WARNING, "not sent on " + topic + ": " + MQTTAsync_strerror(rc) + "; sent again later");
     return false;
   }
+  std::lock_guard<std::mutex> lock(mutex_);
   sent_.messages++;
   sent_.payload_bytes += static_cast<int64_t>(payload.size());
   sent_.wire_bytes += publish_packet_bytes(topic, static_cast<int64_t>(payload.size()));
@@ -259,21 +266,7 @@ bool MqttWire::publish(const std::string& topic, const std::string& payload, boo
 
 std::optional<std::string> MqttWire::confirm(const std::string& topic, const std::string& payload, double timeout_s) {
   auto* op = new Op{this, topic, true};
-  MQTTAsync_responseOptions r = MQTTAsync_responseOptions_initializer;
-  r.context = op;
-  r.onSuccess5 = &MqttWire::on_published;
-  r.onFailure5 = &MqttWire::on_publish_failed;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    inflight_++;
-  }
-  if (MQTTAsync_send(client_, topic.c_str(), static_cast<int>(payload.size()), payload.data(), 1, 0, &r) !=
-      MQTTASYNC_SUCCESS) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    inflight_--;
-    delete op;
-    return std::string("the client could not send it");
-  }
+  if (send(op, topic, payload, false) != MQTTASYNC_SUCCESS) return std::string("the client could not send it");
   std::unique_lock<std::mutex> lock(mutex_);
   if (!changed_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return op->done; })) {
     op->watched = false;   // its late answer frees it

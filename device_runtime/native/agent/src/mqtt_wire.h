@@ -66,6 +66,9 @@ class MqttWire {
   static int on_message(void* context, char* topic, int topic_len, MQTTAsync_message* message);
   void finish(Op* op, bool ok, int reason);
   bool check_size(const std::string& topic, size_t payload_bytes);
+  // MQTTAsync_send at QoS 1 with `op` as the callbacks' context, counted in flight; on failure (no callback
+  // will come) uncounted and `op` freed. MQTTAsync's code.
+  int send(Op* op, const std::string& topic, const std::string& payload, bool retain);
 
   EventQueue& events_;
   LogFn log_;
