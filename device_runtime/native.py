@@ -30,7 +30,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from edgefl.errors import ConfigError, MissingDependencyError
 
@@ -103,29 +103,29 @@ def staged_agent(folder: Path) -> Path:
     return folder / "stage" / "bin" / AGENT
 
 
-def find_agent() -> Optional[Path]:
-    """The built native agent for this machine ($EDGEFL_DEVICE_NATIVE, else the build cache), or None."""
-    if env := os.environ.get("EDGEFL_DEVICE_NATIVE"):
-        return Path(env) if Path(env).is_file() else None
+def _find_built(env: str, in_stage: Callable[[Path], Path], on_path: Optional[str] = None) -> Optional[Path]:
+    """A built program for this machine: $`env` (a path), else the build cache's stage, else `on_path` on PATH."""
+    if given := os.environ.get(env):
+        return Path(given) if Path(given).is_file() else None
     try:
-        built = staged_agent(build_dir(host_target()))
-    except ConfigError:
-        return None
-    return built if built.is_file() else None
-
-
-def find_trainer() -> Optional[Path]:
-    """The built trainer for this machine, or None."""
-    if env := os.environ.get("EDGEFL_ET_TRAIN"):
-        return Path(env) if Path(env).is_file() else None
-    try:
-        built = staged(build_dir(host_target()))
+        built = in_stage(build_dir(host_target()))
     except ConfigError:
         return None
     if built.is_file():
         return built
-    found = shutil.which(BINARY)
+    found = shutil.which(on_path) if on_path else None
     return Path(found) if found else None
+
+
+def find_agent() -> Optional[Path]:
+    """The built native agent for this machine ($EDGEFL_DEVICE_NATIVE, else the build cache), or None. Never
+    PATH: there `edgefl-device` is the Python agent's entry point."""
+    return _find_built("EDGEFL_DEVICE_NATIVE", staged_agent)
+
+
+def find_trainer() -> Optional[Path]:
+    """The built trainer for this machine ($EDGEFL_ET_TRAIN, the build cache, PATH), or None."""
+    return _find_built("EDGEFL_ET_TRAIN", staged, BINARY)
 
 
 def require_trainer() -> Path:
