@@ -259,7 +259,17 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
 
 
 def _cmake(what: str, configure: list[str], folder: Path, prefix: Path) -> None:
-    """Configure, build and install into `prefix` (a RuntimeError with cmake's tail when it fails)."""
+    """Configure, build and install into `prefix` (a RuntimeError with cmake's tail when it fails). A build
+    folder configured from another checkout of the sources (a copied or moved tree, a cache shared between
+    clones) loses its cache and is configured afresh: cmake refuses to reuse it."""
+    source = Path(configure[configure.index("-S") + 1]).resolve()
+    cache = folder / "CMakeCache.txt"
+    if cache.is_file():
+        home_line = next((line for line in cache.read_text(errors="replace").splitlines()
+                          if line.startswith("CMAKE_HOME_DIRECTORY:")), "")
+        if Path(home_line.partition("=")[2] or "/").resolve() != source:
+            cache.unlink()
+            shutil.rmtree(folder / "CMakeFiles", ignore_errors=True)
     for step in (configure, [configure[0], "--build", str(folder), "--parallel", str(os.cpu_count() or 1)],
                  [configure[0], "--install", str(folder), "--prefix", str(prefix)]):
         proc = subprocess.run(step, capture_output=True, text=True)
