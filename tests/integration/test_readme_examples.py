@@ -7,6 +7,7 @@ of ELSEWHERE, which another test runs. The skipped sections need an install, a s
 where they run instead."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -50,6 +51,24 @@ def test_the_skipped_sections_exist():
     assert set(SKIPPED) <= titles, set(SKIPPED) - titles
 
 
+def test_the_readme_emulate_example_runs_on_the_bundled_fleet(tmp_path, data):
+    """The default run's share of this file: the README's first emulate command, as written but for REDUCED
+    (the whole of every block, with its pretraining, caff emulation and executorch export, runs with -m slow)."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    body = next(body for title, body in readme_blocks() if title == "Emulating a fleet")
+    command = next(line for line in body.splitlines() if line.startswith("edgefl emulate --devices examples/fleet.yaml"))
+    for pattern, budget in REDUCED:
+        command = pattern.sub(budget, command)
+    out = re.search(r"-o (\S+)", command)[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-e", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f"{command}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    history = json.loads((tmp_path / out / "history.json").read_text())
+    assert len(history["rounds"]) == 1 and 0.0 <= history["rounds"][0]["accuracy"] <= 1.0
+
+
+@pytest.mark.slow                                 # ~6 min on 2 idle cores: the examples' full set of commands
 @pytest.mark.usefixtures("native_trainer")      # the native block builds it: the session's build is found
 def test_every_command_block_that_needs_no_server_runs_as_written(tmp_path, data):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
