@@ -107,7 +107,7 @@ def train(data: NodeData, partition_id: int, content):
 
 def client_app(data: Optional[NodeData] = None):
     """The ClientApp. `data`: where nodes' examples come from (None: the run config's keys, see
-    `edgefl.flower.app.node_data`)."""
+    edgefl.flower.run_config)."""
     from flwr.clientapp import ClientApp
 
     app_ = import_flwr()
@@ -116,9 +116,9 @@ def client_app(data: Optional[NodeData] = None):
     def data_of(context) -> NodeData:
         if data is not None:
             return data
-        from edgefl.flower.app import node_data
+        from edgefl.flower.run_config import emulation
 
-        return node_data(context.run_config)
+        return NodeData.of(emulation(context.run_config))
 
     @app.query()
     def query(msg, context):

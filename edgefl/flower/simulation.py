@@ -4,7 +4,7 @@ What `edgefl emulate` does, with Flower in the middle: `EmulatedRun.start` check
 data, plans the fleet and writes config.json and plan.json; then `flwr.simulation.run_simulation` runs a
 ServerApp whose strategy is `EdgeflStrategy` and a ClientApp of edgefl devices (edgefl.flower.client) on one
 Flower supernode per device, in the actors of Flower's Ray backend. history.json is rewritten after every
-round and weights.pt written at the end, so `edgefl report` reads the folder as it reads an emulated run.
+round, weights.pt and flower_messages.json (what each train message carried) at the end, so `edgefl report` reads the folder as it reads an emulated run.
 Same seed, same results as `edgefl emulate`: the same round loop samples, plans, slices and aggregates, and
 each node trains with the emulated device's code, rows, seed and torch thread count.
 """
@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Callable
 
 from edgefl.errors import ConfigError
 from edgefl.server.history import write_history
 
 CLIENT_CPUS = 1          # Ray CPUs each simulated client reserves: the pool holds one actor per CPU
-TIMEOUT_S = 3600.0       # a round's replies must arrive within this
+TIMEOUT_S = 3600.0
+MESSAGES_SCHEMA = "edgefl.flower_messages/1"       # a round's replies must arrive within this
 
 
 def start(spec):
@@ -48,7 +50,8 @@ def require_flower() -> None:
 
 
 def server_app(run, on_round: Callable = lambda record: None, done: Callable = lambda strategy: None):
-    """A ServerApp running `run`'s rounds with EdgeflStrategy; `done(strategy)` when they are over."""
+    """A ServerApp running `run`'s rounds with EdgeflStrategy (`run(context)`: made from the app's context
+    when it starts); `done(strategy)` when they are over."""
     from flwr.app import ArrayRecord
     from flwr.serverapp import ServerApp
 
@@ -58,9 +61,10 @@ def server_app(run, on_round: Callable = lambda record: None, done: Callable = l
 
     @app.main()
     def main(grid, context) -> None:
-        strategy = EdgeflStrategy(run, on_round)
+        planned = run(context) if callable(run) else run
+        strategy = EdgeflStrategy(planned, on_round)
         try:
-            strategy.start(grid, initial_arrays=ArrayRecord(), num_rounds=run.spec.rounds, timeout=TIMEOUT_S)
+            strategy.start(grid, initial_arrays=ArrayRecord(), num_rounds=planned.spec.rounds, timeout=TIMEOUT_S)
         finally:
             strategy.close()
         done(strategy)
@@ -68,33 +72,46 @@ def server_app(run, on_round: Callable = lambda record: None, done: Callable = l
     return app
 
 
+class RunFolder:
+    """What a Flower run writes in its folder, as `edgefl emulate` writes it: history.json after every round
+    (`round`), weights.pt and flower_messages.json at the end (`finish`)."""
+
+    def __init__(self, output: Path, on_round: Callable = lambda record: None):
+        self.output, self.on_round = output, on_round
+        self.records: list = []
+        self.strategy = None
+
+    def round(self, record) -> None:
+        self.records.append(record)
+        write_history(self.records, self.output / "history.json")
+        self.on_round(record)
+
+    def finish(self, strategy) -> None:
+        if strategy.server is None:
+            raise RuntimeError(f"the Flower run ended after {len(self.records)} rounds")
+        self.strategy = strategy
+        strategy.server.save(self.output / "weights.pt")
+        messages = {"schema": MESSAGES_SCHEMA, "messages": strategy.messages}
+        (self.output / "flower_messages.json").write_text(json.dumps(messages, indent=1) + "\n")
+
+
 def simulate(run, on_round: Callable = lambda record: None, verbose: bool = False,
              client_cpus: float = CLIENT_CPUS) -> list:
-    """Run every round in Flower's simulation; history.json after each, weights.pt at the end."""
+    """Run every round in Flower's simulation, one supernode per device; the run folder written as it goes."""
     from flwr.simulation import run_simulation
 
     from edgefl.flower.client import NodeData, client_app
 
-    records: list = []
-    finished: list = []
-    spec = run.spec
-
-    def done_round(record) -> None:
-        records.append(record)
-        write_history(records, spec.output / "history.json")
-        on_round(record)
-
-    devices = sum(len(g.device_ids) for g in run.fleet.groups)
+    folder = RunFolder(run.spec.output, on_round)
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.WARNING)
-    run_simulation(server_app(run, done_round, finished.append), client_app(NodeData.of(spec)),
-                   num_supernodes=devices,
+    run_simulation(server_app(run, folder.round, folder.finish), client_app(NodeData.of(run.spec)),
+                   num_supernodes=sum(len(g.device_ids) for g in run.fleet.groups),
                    backend_config={"client_resources": {"num_cpus": client_cpus, "num_gpus": 0.0},
                                    "init_args": {"logging_level": "WARNING", "log_to_driver": verbose}})
-    if not finished or finished[0].server is None:
-        raise RuntimeError(f"the Flower simulation ended after {len(records)} of {spec.rounds} rounds")
-    finished[0].server.save(spec.output / "weights.pt")
-    return records
+    if folder.strategy is None:     # the ServerApp failed: Flower logged why
+        raise RuntimeError(f"the Flower simulation ended after {len(folder.records)} of {run.spec.rounds} rounds")
+    return folder.records
 
 
 def flower(spec, on_round: Callable = lambda record: None, verbose: bool = False) -> tuple[object, list]:

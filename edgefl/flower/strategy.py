@@ -90,7 +90,8 @@ class EdgeflStrategy(_strategy_base()):
         self.global_state: Optional[dict] = None
         self.node_of: dict[str, int] = {}      # device -> node id
         self.sent: dict[int, dict[int, RoundInstruction]] = {}   # round -> {node id: instruction}, in send order
-        self.message_bytes: dict[str, int] = {}    # device -> its last train message's ArrayRecord bytes
+        # what each train message carried: round, device, group, its ArrayRecord's bytes and shapes, its config
+        self.messages: list[dict] = []
         self._loop: Optional[threading.Thread] = None
         self.group_of = {d: g for g in run.fleet.groups for d in g.device_ids}
 
@@ -167,7 +168,7 @@ class EdgeflStrategy(_strategy_base()):
         for instruction, weights in sent:
             node = self.node_of[instruction.device_id]
             content = train_content(instruction, weights, self._node_config(instruction))
-            self.message_bytes[instruction.device_id] = content["arrays"].count_bytes()
+            self.messages.append(carried(instruction, content))
             self.sent[r][node] = instruction
             messages.append(app.Message(content, dst_node_id=node, message_type=app.MessageType.TRAIN))
         return messages
@@ -210,3 +211,17 @@ class EdgeflStrategy(_strategy_base()):
         """Let a loop still waiting for replies end (the Flower run stopped early)."""
         if self._loop is not None and self._loop.is_alive():
             self.relay.to_loop.put(None)
+
+
+def carried(instruction: RoundInstruction, content) -> dict:
+    """What one train message carries, for the run folder's flower_messages.json: its arrays' names, shapes and
+    bytes (`array_bytes`: the tensors' own, what a device counts as downloaded; `record_bytes`: the ArrayRecord's
+    as Flower counts it, serialisation headers included), and its config's plain values."""
+    import numpy as np
+
+    arrays = content["arrays"]
+    data = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in arrays.values())
+    return {"round": instruction.round, "device": instruction.device_id, "array_bytes": data,
+            "record_bytes": arrays.count_bytes(),
+            "arrays": {k: list(a.shape) for k, a in arrays.items()},
+            "config": {k: v for k, v in content["config"].items() if k != "instruction"}}

@@ -1,0 +1,27 @@
+"""A Flower App's ServerApp and ClientApp from its run config (`[tool.flwr.app.config]`, `flwr run -c`), so a
+Flower user runs an edgefl fleet with `flwr run` (examples/flower).
+
+The config's keys: edgefl.flower.run_config.
+"""
+from __future__ import annotations
+
+from edgefl.flower.client import client_app
+from edgefl.flower.run_config import emulation
+from edgefl.flower.simulation import RunFolder, server_app
+
+
+def apps():
+    """(ServerApp, ClientApp) of a Flower App: the server plans from the run config and writes the run folder
+    at `output`; each node loads its device's share as the config says."""
+    from edgefl.flower.simulation import start
+
+    def planned(context):
+        spec = emulation(context.run_config)
+        run = start(spec)
+        folder = RunFolder(spec.output)
+        holder.append(folder)
+        return run
+
+    holder: list[RunFolder] = []
+    server = server_app(planned, lambda record: holder[-1].round(record), lambda s: holder[-1].finish(s))
+    return server, client_app()

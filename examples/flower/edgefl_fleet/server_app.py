@@ -1,0 +1,4 @@
+"""ServerApp: edgefl plans the fleet of the run config's `devices` and runs its round loop as a Flower Strategy."""
+from edgefl.flower.app import apps
+
+app, _ = apps()

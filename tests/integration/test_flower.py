@@ -1,0 +1,123 @@
+"""`edgefl flower` (edgefl inside Flower's simulation runtime) gives what `edgefl emulate` gives, and each node's
+message carries only its slice and its group's config.
+
+Flower 1.42 lives in its own environment (pyproject's `flower` extra: flwr pins typer<0.21, the broker's amqtt
+typer>=0.24): $EDGEFL_FLOWER_VENV, default .venv-flower, made by
+`python3 -m venv .venv-flower && .venv-flower/bin/pip install -e '.[flower,report]'` (CI makes it). Both
+commands run as subprocesses, each from its own environment, the same torch in both.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.emulation_inputs import small_budget
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOWER_VENV = Path(os.environ.get("EDGEFL_FLOWER_VENV", ROOT / ".venv-flower"))
+FLOWER_PYTHON = FLOWER_VENV / "bin" / "python"
+SETUP = "python3 -m venv .venv-flower && .venv-flower/bin/pip install -e '.[flower,report]'"
+RUN_S = 600
+# 20 devices: a small group whose budget holds only part of the CNN (SLT freezes a prefix, HeteroFL narrows it)
+FLEET = """
+fleet:
+  groups:
+    small: {{count: 12, memory_budget: {small}, runtime: ort}}
+    big: {{count: 8, memory_budget: 1GiB, runtime: torch}}
+"""
+ARGS = ("--model", "cnn", "--dataset", "fashion-mnist", "--rounds", "3", "--clients-per-round", "6",
+        "--train-limit", "600", "--test-limit", "200", "--seed", "3")
+
+needs_flower = pytest.mark.skipif(not FLOWER_PYTHON.exists(), reason=f"no Flower environment; {SETUP}")
+
+
+def edgefl(python: Path, command: str, out: Path, *args: str) -> str:
+    # one intra-op thread in both: the same float sums in the Flower nodes and in the emulation's devices
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+    r = subprocess.run([str(python), "-m", "edgefl", command, *args, "-o", str(out)], capture_output=True,
+                       text=True, timeout=RUN_S, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return r.stdout
+
+
+def history(run: Path) -> list[dict]:
+    """history.json's rounds without the wall-clock times, the one thing two runs may not share."""
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in json.loads((run / "history.json").read_text())["rounds"]]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("fleet") / "fleet.yaml"
+    path.write_text(FLEET.format(small=small_budget()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, fleet):
+    """(emulated, in Flower) run folders of `method`, each made once for the module."""
+    made = {}
+
+    def of(method: str, *extra: str) -> tuple[Path, Path]:
+        if method not in made:
+            folder = tmp_path_factory.mktemp(method)
+            args = ("--devices", str(fleet), "--method", method, *ARGS, *extra)
+            edgefl(Path(sys.executable), "emulate", folder / "emulated", *args)
+            said = edgefl(FLOWER_PYTHON, "flower", folder / "flower", *args)
+            assert "Flower simulation: 20 supernodes, one per device" in said
+            made[method] = folder / "emulated", folder / "flower"
+        return made[method]
+    return of
+
+
+@needs_flower
+@pytest.mark.parametrize("method, extra", [("fedavg", ()), ("slt", ()), ("heterofl", ("--measure-memory",))])
+def test_flower_gives_the_histories_and_weights_of_emulate(runs, method, extra):
+    emulated, flower = runs(method, *extra)
+    a, b = history(emulated), history(flower)
+    assert len(a) == len(b) == 3
+    assert [sum(r["participating_devices"].values()) for r in b] == [6, 6, 6]
+    for x, y in zip(a, b):
+        assert abs(x["accuracy"] - y["accuracy"]) <= 1e-6 and x["accuracy"] is not None
+    assert a == b      # and everything else the round recorded: sampled, skipped, bytes, losses, measured activations
+    if extra:
+        assert all(r["measured_activation_bytes"] for r in b)     # each node measured what autograd kept
+    wa, wb = torch.load(emulated / "weights.pt"), torch.load(flower / "weights.pt")
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), [k for k in wa if not torch.equal(wa[k], wb[k])]
+    config = json.loads((flower / "config.json").read_text())
+    assert config["engine"] == "flower" and config["method"] == method
+
+
+@needs_flower
+def test_a_node_is_sent_only_its_slice_and_its_groups_config(runs):
+    emulated, flower = runs("heterofl", "--measure-memory")
+    plan = json.loads((flower / "plan.json").read_text())
+    full = torch.load(flower / "weights.pt")
+    full_bytes = sum(t.numel() * t.element_size() for t in full.values())
+    messages = json.loads((flower / "flower_messages.json").read_text())["messages"]
+    rounds = history(emulated)
+    assert len(messages) == sum(len(r["sampled"]) - len(r["skipped"]) for r in rounds)
+    widths = {}
+    for m in messages:
+        record = rounds[m["round"] - 1]
+        group = record["sampled"][m["device"]]
+        assert m["config"]["group"] == group
+        assert m["config"]["memory-bytes"] == plan["groups"][group]["budget"]["memory_bytes"]
+        (step,) = [s for s in plan["groups"][group]["steps"] if m["round"] in range(s["rounds"][0], s["rounds"][1] + 1)]
+        assert {k: m["config"][f"train.{k}"] for k in ("head_width", "frozen_prefix", "num_layers")} == \
+            {k: step["config"][k] for k in ("head_width", "frozen_prefix", "num_layers")}
+        # the slice: a tensor of the global model's names, no wider than the global one
+        assert set(m["arrays"]) <= set(full)
+        assert all(s <= g for k, shape in m["arrays"].items() for s, g in zip(shape, full[k].shape))
+        assert m["record_bytes"] >= m["array_bytes"]
+        widths.setdefault(group, set()).add((m["config"]["train.head_width"], m["array_bytes"]))
+    assert widths["big"] == {(1.0, full_bytes)}                  # the whole model to a device that holds it
+    ((width, nbytes),) = widths["small"]
+    assert width < 1.0 and nbytes < full_bytes / 2               # a narrowed one, a fraction of the bytes
+    # the bytes sent are the bytes the devices downloaded, as in the emulation
+    for r in rounds:
+        assert sum(m["array_bytes"] for m in messages if m["round"] == r["round"]) == r["download_bytes"]
