@@ -5,18 +5,22 @@ The config's keys: edgefl.flower.run_config.
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 from edgefl.flower.client import client_app
 from edgefl.flower.run_config import emulation
 from edgefl.flower.simulation import RunFolder, server_app
 
 
-def apps():
+def apps(root: Optional[Path] = None):
     """(ServerApp, ClientApp) of a Flower App: the server plans from the run config and writes the run folder
-    at `output`; each node loads its device's share as the config says."""
+    at `output`; each node loads its device's share as the config says. `root`: the app's folder, which a
+    relative `devices` is read from (Flower installs an app's files where it runs them)."""
     from edgefl.flower.simulation import start
 
     def planned(context):
-        spec = emulation(context.run_config)
+        spec = emulation(context.run_config, root)
         run = start(spec)
         folder = RunFolder(spec.output)
         holder.append(folder)
@@ -24,4 +28,4 @@ def apps():
 
     holder: list[RunFolder] = []
     server = server_app(planned, lambda record: holder[-1].round(record), lambda s: holder[-1].finish(s))
-    return server, client_app()
+    return server, client_app(root=root)

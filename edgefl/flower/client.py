@@ -105,9 +105,9 @@ def train(data: NodeData, partition_id: int, content):
     return reply_content(report, peak)
 
 
-def client_app(data: Optional[NodeData] = None):
+def client_app(data: Optional[NodeData] = None, root: Optional[Path] = None):
     """The ClientApp. `data`: where nodes' examples come from (None: the run config's keys, see
-    edgefl.flower.run_config)."""
+    edgefl.flower.run_config, a relative `devices` read from `root`)."""
     from flwr.clientapp import ClientApp
 
     app_ = import_flwr()
@@ -118,7 +118,7 @@ def client_app(data: Optional[NodeData] = None):
             return data
         from edgefl.flower.run_config import emulation
 
-        return NodeData.of(emulation(context.run_config))
+        return NodeData.of(emulation(context.run_config, root))
 
     @app.query()
     def query(msg, context):

@@ -2,19 +2,21 @@
 
 The keys are `edgefl emulate`'s options, dashed as Flower writes them: devices, model, dataset, method,
 num-server-rounds, clients-per-round, partition, seed, batch-size, local-epochs, lr, train-limit, test-limit,
-measure-memory, output. A relative path is read from where the app runs (`flwr run`: the app's folder). A limit of
-0 means none.
+measure-memory, output. A relative `devices` is read from the app's folder, a relative `output` from the
+working folder. A limit of 0 means none.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 KEYS = {"devices", "model", "dataset", "method", "num-server-rounds", "clients-per-round", "partition", "seed",
         "batch-size", "local-epochs", "lr", "train-limit", "test-limit", "measure-memory", "output"}
 
 
-def emulation(config):
-    """The Emulation (edgefl.engines.emulation) a run config describes."""
+def emulation(config, root: Optional[Path] = None):
+    """The Emulation (edgefl.engines.emulation) a run config describes; a relative `devices` is read from `root`
+    (None: the working folder)."""
     from edgefl.engines.emulation import Emulation
     from edgefl.errors import ConfigError
 
@@ -22,7 +24,10 @@ def emulation(config):
     if unknown:
         raise ConfigError(f"[tool.flwr.app.config]: unknown key {unknown[0]!r}; edgefl reads {sorted(KEYS)}")
     limit = lambda key: int(config[key]) or None if key in config else None
-    return Emulation(devices=Path(config["devices"]), model=str(config["model"]), dataset=str(config["dataset"]),
+    devices = Path(config["devices"])
+    if root is not None and not devices.is_absolute():
+        devices = root / devices
+    return Emulation(devices=devices, model=str(config["model"]), dataset=str(config["dataset"]),
                      method=str(config["method"]), rounds=int(config.get("num-server-rounds", 3)),
                      output=Path(config.get("output", "runs/flower")), force=True,
                      clients_per_round=int(config.get("clients-per-round", 10)),

@@ -4,7 +4,7 @@ What `edgefl emulate` does, with Flower in the middle: `EmulatedRun.start` check
 data, plans the fleet and writes config.json and plan.json; then `flwr.simulation.run_simulation` runs a
 ServerApp whose strategy is `EdgeflStrategy` and a ClientApp of edgefl devices (edgefl.flower.client) on one
 Flower supernode per device, in the actors of Flower's Ray backend. history.json is rewritten after every
-round, weights.pt and flower_messages.json (what each train message carried) at the end, so `edgefl report` reads the folder as it reads an emulated run.
+round, weights.pt and flower_messages.json (what each train message and its reply carried) at the end, so `edgefl report` reads the folder as it reads an emulated run.
 Same seed, same results as `edgefl emulate`: the same round loop samples, plans, slices and aggregates, and
 each node trains with the emulated device's code, rows, seed and torch thread count.
 """
@@ -19,8 +19,8 @@ from edgefl.errors import ConfigError
 from edgefl.server.history import write_history
 
 CLIENT_CPUS = 1          # Ray CPUs each simulated client reserves: the pool holds one actor per CPU
-TIMEOUT_S = 3600.0
-MESSAGES_SCHEMA = "edgefl.flower_messages/1"       # a round's replies must arrive within this
+TIMEOUT_S = 3600.0       # a round's replies must arrive within this
+MESSAGES_SCHEMA = "edgefl.flower_messages/1"
 
 
 def start(spec):
@@ -91,7 +91,7 @@ class RunFolder:
             raise RuntimeError(f"the Flower run ended after {len(self.records)} rounds")
         self.strategy = strategy
         strategy.server.save(self.output / "weights.pt")
-        messages = {"schema": MESSAGES_SCHEMA, "messages": strategy.messages}
+        messages = {"schema": MESSAGES_SCHEMA, "messages": strategy.messages, "replies": strategy.replies}
         (self.output / "flower_messages.json").write_text(json.dumps(messages, indent=1) + "\n")
 
 

@@ -92,6 +92,8 @@ class EdgeflStrategy(_strategy_base()):
         self.sent: dict[int, dict[int, RoundInstruction]] = {}   # round -> {node id: instruction}, in send order
         # what each train message carried: round, device, group, its ArrayRecord's bytes and shapes, its config
         self.messages: list[dict] = []
+        # what each reply's MetricRecord said: loss, examples, bytes, the worker process's peak RSS over the round
+        self.replies: list[dict] = []
         self._loop: Optional[threading.Thread] = None
         self.group_of = {d: g for g in run.fleet.groups for d in g.device_ids}
 
@@ -177,6 +179,10 @@ class EdgeflStrategy(_strategy_base()):
         app = import_flwr()
         sent = self.sent.pop(server_round, {})
         by_node = {reply.metadata.src_node_id: reply for reply in replies}
+        for node, instruction in sent.items():
+            if node in by_node and not by_node[node].has_error():
+                metrics = dict(by_node[node].content["metrics"])
+                self.replies.append({"round": server_round, "device": instruction.device_id, **metrics})
         # in the order sent: the order the emulation's devices report in, so the sums run alike
         self.relay.to_loop.put([report_of(by_node[n], i) for n, i in sent.items() if n in by_node])
         (record,) = self._next("done")

@@ -8,6 +8,8 @@ commands run as subprocesses, each from its own environment, the same torch in b
 """
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +81,10 @@ def test_flower_gives_the_histories_and_weights_of_emulate(runs, method, extra):
     emulated, flower = runs(method, *extra)
     a, b = history(emulated), history(flower)
     assert len(a) == len(b) == 3
-    assert [sum(r["participating_devices"].values()) for r in b] == [6, 6, 6]
+    assert sum(sum(r["participating_devices"].values()) for r in b) >= 6
+    if method == "fedavg":   # the whole CNN breaks the small group's budget: its sampled devices are refused
+        refused = {d: why for r in b for d, why in r["skipped"].items()}
+        assert refused and all(d.startswith("small") for d in refused) and "small" not in b[-1]["participating_devices"]
     for x, y in zip(a, b):
         assert abs(x["accuracy"] - y["accuracy"]) <= 1e-6 and x["accuracy"] is not None
     assert a == b      # and everything else the round recorded: sampled, skipped, bytes, losses, measured activations
@@ -117,7 +122,37 @@ def test_a_node_is_sent_only_its_slice_and_its_groups_config(runs):
         widths.setdefault(group, set()).add((m["config"]["train.head_width"], m["array_bytes"]))
     assert widths["big"] == {(1.0, full_bytes)}                  # the whole model to a device that holds it
     ((width, nbytes),) = widths["small"]
-    assert width < 1.0 and nbytes < full_bytes / 2               # a narrowed one, a fraction of the bytes
+    assert width < 1.0 and nbytes < 0.8 * full_bytes               # a narrowed one (0.875: 77% of the bytes)
     # the bytes sent are the bytes the devices downloaded, as in the emulation
     for r in rounds:
         assert sum(m["array_bytes"] for m in messages if m["round"] == r["round"]) == r["download_bytes"]
+
+
+def readme_block() -> str:
+    """The bash block of the README's "Use edgefl from Flower" section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use edgefl from Flower\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"^```bash\n(.*?)^```", section, re.M | re.S)[1]
+
+
+@needs_flower
+def test_the_readme_section_runs_as_written(tmp_path):
+    """Its commands, in a folder holding a copy of examples/, with the Flower environment's commands first on
+    PATH: what its first two lines (make that environment, activate it) give."""
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    lines = readme_block().replace("\\\n", "").splitlines()
+    assert lines[0].startswith("python3 -m venv .venv-flower") and lines[1] == "source .venv-flower/bin/activate"
+    env = {**os.environ, "PATH": f"{FLOWER_VENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "RAY_DISABLE_USAGE_STATS": "1", "COLUMNS": "200"}
+    r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(lines[2:])], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=RUN_S)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert (tmp_path / "report-flower" / "index.html").is_file()
+    # what the section says of the run: the phones at 0.5625 width, sent under a third of the model's bytes
+    run = tmp_path / "runs" / "flower-heterofl"
+    full = sum(t.numel() * t.element_size() for t in torch.load(run / "weights.pt").values())
+    messages = json.loads((run / "flower_messages.json").read_text())["messages"]
+    phones = [m for m in messages if m["config"]["group"] == "phones"]
+    assert phones and {m["config"]["train.head_width"] for m in phones} == {0.5625}
+    assert all(m["array_bytes"] < full / 3 for m in phones)
+    assert {m["array_bytes"] for m in messages if m["config"]["group"] == "pi5"} == {full}
