@@ -11,7 +11,7 @@ from edgefl import lazy_exports
 _WHERE = {
     "EdgeflStrategy": ".strategy", "FlowerRelay": ".strategy", "client_app": ".client", "NodeData": ".client",
     "server_app": ".simulation", "simulate": ".simulation", "flower": ".simulation", "RunFolder": ".simulation",
-    "apps": ".app",
+    "config_server_app": ".app",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

@@ -8,15 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from edgefl.flower.client import client_app
 from edgefl.flower.run_config import emulation
 from edgefl.flower.simulation import RunFolder, server_app
 
 
-def apps(root: Optional[Path] = None):
-    """(ServerApp, ClientApp) of a Flower App: the server plans from the run config and writes the run folder
-    at `output`; each node loads its device's share as the config says. `root`: the app's folder, which a
-    relative `devices` is read from (Flower installs an app's files where it runs them)."""
+def config_server_app(root: Optional[Path] = None):
+    """A Flower App's ServerApp: it plans from the run config and writes the run folder at `output`. `root`:
+    the app's folder, which a relative `devices` is read from (Flower installs an app's files where it runs
+    them). Its ClientApp: `edgefl.flower.client.client_app(root=root)`, each node loading its device's share as
+    the run config says."""
     from edgefl.flower.simulation import start
 
     def planned(context):
@@ -27,5 +27,4 @@ def apps(root: Optional[Path] = None):
         return run
 
     holder: list[RunFolder] = []
-    server = server_app(planned, lambda record: holder[-1].round(record), lambda s: holder[-1].finish(s))
-    return server, client_app(root=root)
+    return server_app(planned, lambda record: holder[-1].round(record), lambda s: holder[-1].finish(s))

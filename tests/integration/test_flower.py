@@ -10,10 +10,12 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -156,3 +158,44 @@ def test_the_readme_section_runs_as_written(tmp_path):
     assert phones and {m["config"]["train.head_width"] for m in phones} == {0.5625}
     assert all(m["array_bytes"] < full / 3 for m in phones)
     assert {m["array_bytes"] for m in messages if m["config"]["group"] == "pi5"} == {full}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_flower(home: Path) -> None:
+    """Stop the local SuperLink (and its simulation) `flwr run` started detached for this FLWR_HOME, and no other."""
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("FLWR_HOME") == str(home):
+                p.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+@needs_flower
+def test_the_example_app_runs_with_flwr_run_as_emulate_runs_it(tmp_path):
+    """examples/flower under `flwr run` (Flower's local SuperLink in simulation mode, its own FLWR_HOME and
+    ports) writes the run `edgefl emulate` writes for the same options."""
+    app, home, out = tmp_path / "app", tmp_path / "flwr-home", tmp_path / "flower"
+    shutil.copytree(ROOT / "examples" / "flower", app)
+    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": "1",
+           "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+           "PATH": f"{FLOWER_VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    try:
+        r = subprocess.run(["flwr", "run", str(app), "local", "--stream", "--federation-config", "num-supernodes=20",
+                            "-c", f'output="{out}" num-server-rounds=2'], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=RUN_S)
+    finally:
+        stop_flower(home)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    edgefl(Path(sys.executable), "emulate", tmp_path / "emulated", "--devices", str(app / "fleet.yaml"), "--model",
+           "cnn", "--dataset", "fashion-mnist", "--method", "heterofl", "--rounds", "2", "--clients-per-round", "6",
+           "--train-limit", "600", "--test-limit", "200", "--seed", "0", "--measure-memory")
+    assert history(out) == history(tmp_path / "emulated")
+    wa, wb = torch.load(out / "weights.pt"), torch.load(tmp_path / "emulated" / "weights.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
