@@ -6,6 +6,7 @@ typer>=0.24): $EDGEFL_FLOWER_VENV, default .venv-flower, made by
 `python3 -m venv .venv-flower && .venv-flower/bin/pip install -e '.[flower,report]'` (CI makes it). Both
 commands run as subprocesses, each from its own environment, the same torch in both.
 """
+import importlib.util
 import json
 import os
 import re
@@ -129,6 +130,14 @@ def test_a_node_is_sent_only_its_slice_and_its_groups_config(runs):
     for r in rounds:
         assert sum(m["array_bytes"] for m in messages if m["round"] == r["round"]) == r["download_bytes"]
 
+
+@pytest.mark.skipif(importlib.util.find_spec("flwr") is not None, reason="Flower is installed here")
+def test_without_flower_edgefl_flower_says_how_to_install_it(tmp_path, fleet):
+    r = subprocess.run([sys.executable, "-m", "edgefl", "flower", "--devices", str(fleet), "--method", "fedavg", *ARGS,
+                        "-o", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == ("edgefl: error: flwr is not installed; install it with: "
+                                                      "pip install 'edgefl[flower]'"), r.stderr
+    assert not (tmp_path / "run").exists()       # refused before anything is written
 
 def readme_block() -> str:
     """The bash block of the README's "Use edgefl from Flower" section."""
