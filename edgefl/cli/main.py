@@ -18,6 +18,7 @@ from edgefl.cli.device_cmd import device_app
 from edgefl.cli.emulate_cmd import emulate
 from edgefl.cli.export_cmd import export
 from edgefl.cli.fleet_cmd import fleet_app
+from edgefl.cli.flower_cmd import flower
 from edgefl.cli.plan_cmd import calibrate, plan, profile
 from edgefl.cli.pretrain_cmd import pretrain
 from edgefl.cli.serve_cmd import serve
@@ -40,7 +41,7 @@ def report(runs: Annotated[list[Path], typer.Argument(metavar="RUN", help="one o
 
 
 app.callback(invoke_without_command=True, no_args_is_help=True)(version)
-for command in (plan, profile, emulate, serve, status, pretrain, export, calibrate, report):
+for command in (plan, profile, emulate, flower, serve, status, pretrain, export, calibrate, report):
     app.command()(command)
 for name, group in (("fleet", fleet_app), ("broker", broker_app), ("device", device_app), ("data", data_app)):
     app.add_typer(group, name=name)

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SKIPPED = {
     "Quick start": "installs the project and its system packages",
     "Past one machine: devices in Ray actors": "starts a Ray cluster (tests/integration/test_ray_engine.py)",
+    "Use edgefl from Flower": "needs Flower's own environment (tests/integration/test_flower.py runs it)",
     "Running the broker": "runs a broker in the foreground (test_readme_demo.py runs one from a deployment)",
     "Serving real devices over MQTT": "needs a broker and devices (test_readme_demo.py serves the demo)",
     "Run a small demo fleet on one machine": "tests/integration/test_readme_demo.py runs it",

@@ -1,0 +1,154 @@
+"""edgefl's devices as a Flower ClientApp: a node trains what it is sent with edgefl's own emulated device.
+
+A node is one device of the fleet: in Flower's simulation, the device at its `partition-id` in the fleet's
+sorted device order (the order `edgefl emulate` gives its data shares in). It holds that device's share of
+the training set, split as `edgefl emulate` splits it (same data set, subset, partition and seed), loaded
+once per worker process. A train message is answered as the emulation's device answers the same
+instruction: `EmulatedDevice.handle` with the torch trainer of `edgefl.engines.local`, the device held to its
+memory (with `memory_check`, the measured activations in the predicted peak: over it, the round fails as an
+out-of-memory kill would). The reply adds the worker process's peak RSS over the round (VmHWM, reset before
+training; the process's, runtime and data included, not the device's budgeted training memory).
+
+A query message is answered with the node's partition id and device id: how the server maps nodes to the
+fleet's devices (a deployment would answer with what the device declares instead).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from edgefl.errors import ConfigError
+from edgefl.flower.records import import_flwr, instruction_of, reply_content
+
+PARTITION_ID = "partition-id"
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """Where a node's examples come from: what `edgefl emulate` splits its training set by."""
+    devices: str
+    dataset: str
+    partition: str = "iid"
+    seed: int = 0
+    train_limit: Optional[int] = None
+    data_root: Optional[str] = None
+    pretrained: Optional[str] = None
+
+    @classmethod
+    def of(cls, spec) -> "NodeData":
+        """From an Emulation (edgefl.engines.emulation)."""
+        path = lambda p: None if p is None else str(p)
+        return cls(str(spec.devices), spec.dataset, spec.partition, spec.seed, spec.train_limit,
+                   path(spec.data_root), path(spec.pretrained))
+
+
+@functools.lru_cache(maxsize=2)
+def _shares(data: NodeData):
+    """(training set, sorted device ids, {device: rows}), as EmulatedRun.start makes them."""
+    from edgefl.data import load_split
+    from edgefl.data.shares import device_shares
+    from edgefl.fleet import load_fleet
+
+    options = {}
+    if data.pretrained is not None:
+        from edgefl.zoo.pretrained import fine_tuning_data_options
+
+        options = fine_tuning_data_options(Path(data.pretrained), data.dataset)
+    fleet = load_fleet(Path(data.devices))
+    train = load_split(data.dataset, "train", data.data_root, data.train_limit, data.seed, **options)
+    share_of = device_shares(fleet, train, data.partition, data.seed, source=data.dataset)
+    return train, sorted(share_of), share_of
+
+
+@functools.lru_cache(maxsize=4)
+def _trainer(model_json: str, device: str, threads: int):
+    import json
+
+    import torch
+
+    from edgefl.engines.local import torch_trainer
+    from edgefl.zoo import ModelRef
+
+    torch.set_num_threads(threads)      # the server's count: parallel float sums depend on it
+    return torch_trainer(ModelRef.from_json(json.loads(model_json)), device)
+
+
+def device_of(data: NodeData, partition_id: int) -> str:
+    _, devices, _ = _shares(data)
+    if not 0 <= partition_id < len(devices):
+        raise ConfigError(f"node with partition-id {partition_id}: the fleet {data.devices} has {len(devices)} "
+                          f"devices; run {len(devices)} supernodes")
+    return devices[partition_id]
+
+
+def train(data: NodeData, partition_id: int, content):
+    """The reply content for one train message's `content`."""
+    import torch
+
+    from edgefl.device_runtime.trainers.torch_trainer import EmulatedDevice
+
+    instruction = instruction_of(content)
+    config = content["config"]
+    device_id = device_of(data, partition_id)
+    if device_id != instruction.device_id:
+        raise ConfigError(f"node {partition_id} is device {device_id}, sent {instruction.device_id}'s instruction")
+    train_set, _, share_of = _shares(data)
+    trainer = _trainer(config["model"], config["torch-device"], int(config["torch-threads"]))
+    weights = {k: torch.from_numpy(a.numpy()) for k, a in content["arrays"].items()}
+    _reset_peak()
+    report = EmulatedDevice(device_id, trainer, train_set.x, train_set.y, memory_bytes=int(config["memory-bytes"]),
+                            rows=share_of[device_id]).handle(instruction, weights)
+    peak = _peak_rss()
+    report.tensors = {k: v.detach().cpu().numpy() for k, v in report.tensors.items()}
+    return reply_content(report, peak)
+
+
+def client_app(data: Optional[NodeData] = None, root: Optional[Path] = None):
+    """The ClientApp. `data`: where nodes' examples come from (None: the run config's keys, see
+    edgefl.flower.run_config, a relative `devices` read from `root`)."""
+    from flwr.clientapp import ClientApp
+
+    app_ = import_flwr()
+    app = ClientApp()
+
+    def data_of(context) -> NodeData:
+        if data is not None:
+            return data
+        from edgefl.flower.run_config import emulation
+
+        return NodeData.of(emulation(context.run_config, root))
+
+    @app.query()
+    def query(msg, context):
+        pid = int(context.node_config[PARTITION_ID])
+        config = app_.ConfigRecord({PARTITION_ID: pid, "device-id": device_of(data_of(context), pid)})
+        return app_.Message(app_.RecordDict({"node": config}), reply_to=msg)
+
+    @app.train()
+    def train_(msg, context):
+        return app_.Message(train(data_of(context), int(context.node_config[PARTITION_ID]), msg.content),
+                            reply_to=msg)
+
+    return app
+
+
+def _reset_peak() -> None:
+    """VmHWM back to the current RSS (Linux: clear_refs 5); elsewhere the peak is the process's lifetime one."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def _peak_rss() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil
+
+    return psutil.Process().memory_info().rss
