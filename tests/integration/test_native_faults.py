@@ -21,17 +21,19 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mosquitto import Mosquitto
 from served_run import ServedRun, edgefl, wait_for
 
 pytestmark = pytest.mark.usefixtures("native_trainer")    # builds the trainer and, beside it, the native agent
 MiB = 2**20
-PHONE, TIGHT = "phone-0", "tight-0"
+PHONE, TIGHT, WRONG = "phone-0", "tight-0", "wrong-0"
 TIGHT_BUDGET = 16 * MiB
 # FedOLF trains the tight group's last layer over a frozen prefix, which the under-priced plan puts at 15.6 MiB
 FLEET = ("fleet:\n  name: faults\n  groups:\n    phone: {count: 1, runtime: executorch, memory_budget: 1GiB}\n"
-         f"    tight: {{count: 1, runtime: executorch, memory_budget: {TIGHT_BUDGET // MiB}MiB}}\n")
+         f"    tight: {{count: 1, runtime: executorch, memory_budget: {TIGHT_BUDGET // MiB}MiB}}\n"
+         "    wrong: {count: 1, runtime: executorch, memory_budget: 1GiB}\n")
 UNDER = {"runtimes": {"executorch": {"baseline_bytes": MiB, "workspace_fixed_bytes": 0, "workspace_factor": 0.05,
                                      "trained_weight_copies": 0, "frozen_weight_copies": 0, "hidden_bytes": 0,
                                      "device_bytes": 0, "families": []}}}
@@ -135,9 +137,12 @@ def faulted(tmp_path_factory) -> dict:
     run = ServedRun(folder, fleet, plan, train_limit=200, agent="native", fleet_options=("--enforce-memory",))
     run.broker = Mosquitto(folder / "broker", persistence=True, max_packet_size=PACKET)
     with run:
-        wait_for(lambda: {PHONE, TIGHT} <= set(run.device_pids()) and all(
-            "online at" in agent_log(run, d) for d in (PHONE, TIGHT)), 60, "the agents online")
+        wait_for(lambda: {PHONE, TIGHT, WRONG} <= set(run.device_pids()) and all(
+            "online at" in agent_log(run, d) for d in (PHONE, TIGHT, WRONG)), 60, "the agents online")
         pids = run.device_pids()
+        x = folder / "fleet" / "data" / WRONG / "x.npy"      # its examples as rows of 5 numbers, not 28x28 images
+        np.save(x, np.zeros((len(np.load(x, mmap_mode="r")), 5), np.float32))
+        got["wrong_x"] = x
         watcher = Watcher(run.broker.port, pids[PHONE])
         serve = subprocess.Popen(run.serve_command(folder / "state", ROUNDS, "--round-timeout", "120"),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -250,6 +255,14 @@ def test_enforce_memory_kills_the_native_agents_training_process_and_the_agent_g
         # a killed round keeps its measured peak: the training process's and the agent's
         measured = record["measured_peak_bytes"][TIGHT]
         assert metrics["child_peak_bytes"] > 0 and measured == metrics["child_peak_bytes"] + metrics["agent_peak_bytes"]
-    assert faulted["alive"] == {PHONE: True, TIGHT: True}, faulted["alive"]      # the same processes, still running
+    assert faulted["alive"] == {PHONE: True, TIGHT: True, WRONG: True}, faulted["alive"]   # the same processes
     log = faulted["logs"][TIGHT]
     assert all(f"round {r}: failed (out of memory" in log for r in range(1, ROUNDS + 1)), log
+
+
+def test_data_that_does_not_fit_the_set_fails_the_round_in_one_line_before_any_training(faulted):
+    for record in faulted["history"]["rounds"]:
+        assert record["failed"][WRONG] == (f"data: {faulted['wrong_x']}: examples of shape (5,), the artifact takes "
+                                           "(1, 28, 28); export data for this model"), record["failed"]
+        # no training process was started: the report has no child's peak
+        assert "child_peak_bytes" not in record["device_metrics"].get(WRONG, {}), record["device_metrics"]
