@@ -9,6 +9,7 @@
 
 #include "child.h"
 #include "energy.h"
+#include "local_data.h"
 
 namespace edgefl::agent {
 
@@ -161,6 +162,11 @@ bool Agent::handle(const Job& job, Outcome& out) {
     return true;
   }
   if (link_.superseded(ins.round)) return false;
+  // the wrong data fails the round here, in one line naming the file, not in the trainer
+  if (const std::string why = check_local_data(c_.data, folder); !why.empty()) {
+    report["reason"] = "data: " + why;
+    return true;
+  }
 
   const std::string tmp = temp_folder();
   const std::string upload = tmp + "/upload.npy";

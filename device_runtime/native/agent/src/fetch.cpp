@@ -40,16 +40,46 @@ void Fetcher::want(PartialArtifact& part, bool resend) {
   link_.wire().publish("fl/v1/dev/" + link_.device_id() + "/up/ack", w.dump());
 }
 
-void Fetcher::on_chunk(PartialArtifact& part, int64_t seq, const std::string& data, bool acknowledge) {
+PartialArtifact::Verdict Fetcher::on_chunk(PartialArtifact& part, int64_t seq, const std::string& data,
+                                           bool acknowledge) {
   const auto verdict = part.accept(seq, data);
   const std::string ack = "fl/v1/dev/" + link_.device_id() + "/up/ack";
   if (verdict == PartialArtifact::BAD) {
     corrupt_chunks++;
     if (acknowledge) link_.wire().publish(ack, nlohmann::json{{"bad", part.id()}, {"seq", seq}}.dump());
-    return;
+    return verdict;
   }
   if (acknowledge) link_.wire().publish(ack, nlohmann::json{{"got", part.id()}, {"seq", seq}}.dump());
+  return verdict;
 }
+
+namespace {
+
+// What one fetch of a file met, for the line a fetch that was not clean leaves in the log.
+struct Tally {
+  size_t held_before = 0;
+  int64_t received = 0, duplicates = 0, reconnects = 0;
+  std::set<int64_t> bad;
+  bool clean() const { return held_before == 0 && duplicates == 0 && reconnects == 0 && bad.empty(); }
+  std::string line(const std::string& artifact, int64_t count) const {
+    std::string out = "artifact " + artifact.substr(0, 12) + ": " + std::to_string(count) + " chunks: " +
+                      std::to_string(held_before) + " held from an earlier fetch, " + std::to_string(received) +
+                      " received, " + std::to_string(duplicates) + " duplicates, " + std::to_string(bad.size()) +
+                      " failed their sha256";
+    if (!bad.empty()) {
+      out += " (chunk";
+      int shown = 0;
+      for (int64_t s : bad) {
+        if (shown++ == 8) { out += " ..."; break; }
+        out += " " + std::to_string(s);
+      }
+      out += ")";
+    }
+    return out + ", " + std::to_string(reconnects) + " reconnects";
+  }
+};
+
+}  // namespace
 
 std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
   check();
@@ -57,6 +87,9 @@ std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
   if (auto path = cache.get(artifact)) return *path;
   if (artifact == sha256_hex("")) return cache.put("");
   PartialArtifact part(cache, artifact);
+  Tally tally;
+  tally.held_before = part.held().size();
+  std::set<int64_t> seen;   // the chunks a group's topics brought, good or bad
   const double deadline = now_s() + timeout_s;
   std::string group;
   if (auto it = shared_.find(artifact); it != shared_.end() && !silent_.count(it->second)) group = it->second;
@@ -75,6 +108,20 @@ std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
     std::vector<std::string>& filters;
     ~Unsubscribe() { if (!filters.empty()) link.wire().unsubscribe(filters); }
   } unsubscribe{link_, subscribed};
+  // the coordinator sends what the group's topics did not bring whole; the device reads them no longer
+  const auto leave_group = [&] {
+    if (!subscribed.empty()) link_.wire().unsubscribe(subscribed);
+    subscribed.clear();
+    group.clear();
+    want(part, true);
+  };
+  const auto take = [&](int64_t seq, const std::string& data, bool via_group) {
+    const auto verdict = on_chunk(part, seq, data, !via_group);
+    if (verdict == PartialArtifact::OK) tally.received++;
+    else if (verdict == PartialArtifact::DUP) tally.duplicates++;
+    else tally.bad.insert(seq);
+    if (via_group && seq >= 0 && seq < part.manifest()->count()) seen.insert(seq);
+  };
   double heard = now_s();
   bool dropped = false;
   int stalls = 0;
@@ -85,17 +132,18 @@ std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
       throw FetchFailed("artifact " + artifact.substr(0, 12) + ": its chunks keep failing their sha256 (the "
                         "coordinator's copy is not that artifact any more); dropped");
     if (part.complete()) {
-      const int64_t size = part.manifest()->size;
+      const int64_t size = part.manifest()->size, count = part.manifest()->count();
       std::string why;
       if (auto path = part.finish(why)) {
+        if (!tally.clean()) log_(EDGEFL_LOG_INFO, tally.line(artifact, count));
         if (shared_.count(artifact))   // no acknowledgements told the coordinator: say it here
           link_.wire().publish("fl/v1/dev/" + link_.device_id() + "/up/metrics",
                                nlohmann::json{{"state", "downloading"}, {"artifact", artifact}, {"bytes", size}}.dump());
         return *path;
       }
       if (!why.empty()) throw FetchFailed(why);
-      group.clear();     // chunks that did not add up: the coordinator sends them again
-      want(part, true);
+      leave_group();     // chunks that did not add up: the coordinator sends them again
+      continue;
     }
     const double remaining = deadline - now_s();
     if (remaining <= 0) {
@@ -133,6 +181,11 @@ std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
     heard = now_s();
     stalls = 0;
     if (e->kind == Event::RECONNECTED) {
+      tally.reconnects++;
+      if (part.manifest())     // what it holds stays: only the rest is wanted (or taken from the group's topics)
+        log_(EDGEFL_LOG_INFO, "artifact " + artifact.substr(0, 12) + ": connected again holding " +
+                                  std::to_string(part.held().size()) + "/" + std::to_string(part.manifest()->count()) +
+                                  " chunks; the fetch goes on from them");
       if (group.empty()) want(part, true);    // a group's renewed subscription brings its retained messages again
       continue;
     }
@@ -145,7 +198,7 @@ std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
       ChunkManifest m;
       if (via_group) {
         if (parse_chunk_manifest(e->payload, artifact, m, why)) {
-          if (!part.manifest() || !(*part.manifest() == m)) part.start(m);
+          if (!part.manifest() || !(*part.manifest() == m)) part.start(m), seen.clear();
         } else {
           log_(EDGEFL_LOG_WARNING, why);
           if (!group.empty()) want(part, true), group.clear();
@@ -167,12 +220,17 @@ std::string Fetcher::fetch(const std::string& artifact, double timeout_s) {
       if (via_group && early.size() < WINDOW) early[t.seq] = e->payload;
       else dropped = true;
     } else {
-      on_chunk(part, t.seq, e->payload, !via_group);
+      take(t.seq, e->payload, via_group);
     }
     if (!early.empty() && part.manifest()) {
-      for (const auto& [seq, data] : early) on_chunk(part, seq, data, false);
+      for (const auto& [seq, data] : early) take(seq, data, true);
       early.clear();
     }
+    // the group's topics brought every chunk once and some failed their sha256: no use waiting out their
+    // silence, the coordinator sends those
+    if (!group.empty() && part.manifest() && !part.complete() &&
+        static_cast<int64_t>(seen.size()) >= part.manifest()->count())
+      leave_group();
   }
 }
 

@@ -1,9 +1,12 @@
 // Artifacts by sha256 from the cache, or fetched (and resumed) from the coordinator, or from the group's
 // retained topics (device protocol rule 3; device_runtime/fetch.py): every chunk checked and acknowledged,
 // silence asks again after 5 s doubling to 60 s, after which (or on a reconnect) everything missing is asked
-// to be sent again; a group's topics that bring nothing for 15 s hand over to the coordinator; chunks that keep
-// failing end the fetch, so do its deadline and stopping. An artifact set is its manifest.json, every file it
-// names and its prefix, hard-linked into one folder the trainer opens.
+// to be sent again; a group's topics that bring nothing for 15 s hand over to the coordinator, and so do
+// topics that brought every chunk once with some failing their sha256, and a reconnect in the middle of a
+// group's file (the device asks for the chunks it lacks instead of taking the republished file whole); chunks
+// that keep failing end the fetch, so do its deadline and stopping. A fetch that was not clean (resumed,
+// reconnected, duplicates, bad chunks) says in one log line what it held, received and refused. An artifact
+// set is its manifest.json, every file it names and its prefix, hard-linked into one folder the trainer opens.
 #pragma once
 
 #include <map>
@@ -41,7 +44,7 @@ class Fetcher {
  private:
   void check();
   void want(PartialArtifact& part, bool resend);
-  void on_chunk(PartialArtifact& part, int64_t seq, const std::string& data, bool acknowledge);
+  PartialArtifact::Verdict on_chunk(PartialArtifact& part, int64_t seq, const std::string& data, bool acknowledge);
   Link& link_;
   LogFn log_;
   double stall_s_, resend_after_s_, group_wait_s_;
