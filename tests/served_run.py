@@ -14,18 +14,21 @@ from typing import Optional
 from mosquitto import Mosquitto
 
 DATASET = ["--dataset", "fashion-mnist"]
+FLEET = "fleet"      # ServedRun(agent=FLEET): each group's agent as its fleet entry says (no --agent)
 
 
 def edgefl(*args: str) -> list[str]:
     return [sys.executable, "-m", "edgefl", *args]
 
 
-def write_plan(folder: Path, fleet_text: str, method: str, rounds: int, model: str = "cnn") -> tuple[Path, Path]:
+def write_plan(folder: Path, fleet_text: str, method: str, rounds: int, model: str = "cnn",
+               *extra: str) -> tuple[Path, Path]:
+    """`extra`: more options of `edgefl plan` (--input-shape)."""
     fleet, plan = folder / "fleet.yaml", folder / "plan.json"
     fleet.write_text(fleet_text)
     r = subprocess.run(edgefl("plan", "--devices", str(fleet), "--model", model, "--method", method, "--rounds",
-                              str(rounds), "--format", "json", "-o", str(plan)), capture_output=True, text=True,
-                       timeout=300)
+                              str(rounds), "--format", "json", "-o", str(plan), *extra), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return fleet, plan
 
@@ -34,14 +37,17 @@ class ServedRun:
     """Broker + fleet of device agents for one test; `serve(...)` runs (or starts) the coordinator."""
 
     def __init__(self, folder: Path, fleet: Path, plan: Path, train_limit: int = 1200, seed: int = 0,
-                 fleet_options: tuple[str, ...] = (), cache_budget: Optional[str] = None, agent: Optional[str] = None):
+                 fleet_options: tuple[str, ...] = (), cache_budget: Optional[str] = None, agent: Optional[str] = None,
+                 env: Optional[dict] = None):
         """`fleet_options`: more options of `edgefl fleet up` (--enforce-memory); `cache_budget`: each agent's
         --cache-budget; `agent`: python | native (`edgefl fleet up --agent`: the native agent for ExecuTorch
-        groups); default $EDGEFL_TEST_AGENT or python, so a suite of served runs (the fault suite) runs with either
-        kind unchanged."""
+        groups) or FLEET (no --agent: each group's own, as its fleet entry says); default $EDGEFL_TEST_AGENT or
+        python, so a suite of served runs (the fault suite) runs with either kind unchanged. `env`: the
+        environment of `fleet up` and its agents (default this process's)."""
         self.folder, self.fleet, self.plan, self.seed = folder, fleet, plan, seed
         self.train_limit, self.fleet_options, self.cache_budget = train_limit, fleet_options, cache_budget
         self.agent = agent or os.environ.get("EDGEFL_TEST_AGENT", "python")
+        self.env = env
         self.broker = Mosquitto(folder / "broker", persistence=True)
         self.devices: Optional[subprocess.Popen] = None
 
@@ -50,9 +56,9 @@ class ServedRun:
         self.devices = subprocess.Popen(
             edgefl("fleet", "up", "--devices", str(self.fleet), "--broker", self.broker.url, *DATASET,
                    "--train-limit", str(self.train_limit), "--seed", str(self.seed),
-                   "--workdir", str(self.folder / "fleet"), "--agent", self.agent, *self.fleet_options,
-                   *(("--cache-budget", self.cache_budget) if self.cache_budget else ())),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                   "--workdir", str(self.folder / "fleet"), *(() if self.agent == FLEET else ("--agent", self.agent)),
+                   *self.fleet_options, *(("--cache-budget", self.cache_budget) if self.cache_budget else ())),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=self.env)
         return self
 
     def serve_command(self, state: Path, rounds: int, *extra: str) -> list[str]:

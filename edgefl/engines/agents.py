@@ -18,9 +18,15 @@ Logins: `credentials` is the deployment folder `edgefl broker config -o DIR` wro
 folder (whichever holds `<device>.json`); with mqtts:// and no CA file, that deployment's `tls/ca.crt` is the
 CA. Every agent gets its own login file and the CA.
 
-`agent="native"` starts the native agent (`edgefl-device` in C++, built by `edgefl-device build-native`) for the
-devices of ExecuTorch groups, the Python agent for the others (the native agent trains ExecuTorch sets only). It
-reads no profile YAML: its group's memory budget and the profile's active power come as --memory and --power.
+Which agent each device runs: the one its group's fleet entry names (`agent:`, native by default: the kind the
+plan counted), unless `agent` overrides it for every group. The native agent (`edgefl-device` in C++, built by
+`edgefl-device build-native`; $EDGEFL_DEVICE_NATIVE names another binary, such as a bundle's bin/edgefl-device)
+trains ExecuTorch sets only, so a group whose runtime is ort or torch runs the Python agent whatever it says, and
+`start` says so in one line naming the group: its plan counted the native agent's memory, and `agent: python` in
+the fleet file makes the plan count the Python agent's (a phone app embeds the native library with its own
+runtime; this machine has no native ORT agent). Refusing such a group instead would refuse every fleet of the
+Android profiles (runtime ort, agent native by default), the README's demo among them. The native agent reads no
+profile YAML: its group's memory budget and the profile's active power come as --memory and --power.
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ class Agents:
     ca_file: Optional[Path] = None
     enforce_memory: bool = False
     cache_budget: Optional[str] = None     # each agent's --cache-budget (its default when None)
-    agent: str = "python"                   # python | native (for ExecuTorch groups)
+    agent: Optional[str] = None             # python | native for every group; None: as each group's entry says
 
 
 AGENTS = ("python", "native")
@@ -138,9 +144,10 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
             ca_file = found_ca
             say(f"CA certificate: {ca_file} (from the deployment folder)")
     check_ca_file(ca_file, address)
-    if spec.agent not in AGENTS:
+    if spec.agent is not None and spec.agent not in AGENTS:
         raise ConfigError(f"--agent {spec.agent}: choose one of: {', '.join(AGENTS)}")
-    native = native_agent() if spec.agent == "native" else None
+    kinds = agent_kinds(fleet, spec.agent, say)
+    native = native_agent() if "native" in kinds.values() else None
     if spec.cache_budget is not None:
         try:
             parse_bytes(spec.cache_budget)
@@ -155,11 +162,26 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
             log = open(spec.workdir / "logs" / f"{device}.log", "w")
             procs[device] = subprocess.Popen(device_command(device, g, spec.broker, data[device], spec.workdir,
                                                             credentials, ca_file, spec.enforce_memory,
-                                                            spec.cache_budget, native),
+                                                            spec.cache_budget,
+                                                            native if kinds[g.name] == "native" else None),
                                              stdout=log, stderr=subprocess.STDOUT)
-    say(f"{len(procs)} devices started{' (native agents for ExecuTorch groups)' if native else ''} ({', '.join(sorted({g.runtime for g in fleet.groups}))}); "
-        f"logs in {spec.workdir / 'logs'}; Ctrl-C stops them")
+    runs = ", ".join(f"{g.name}: {kinds[g.name]} agent, {g.runtime}" for g in fleet.groups)
+    say(f"{len(procs)} devices started ({runs}); logs in {spec.workdir / 'logs'}; Ctrl-C stops them")
     return procs
+
+
+def agent_kinds(fleet, override: Optional[str], say: Callable[[str], None]) -> dict[str, str]:
+    """Group -> the agent kind its devices run: `override` (--agent) or the group's own, the Python agent where
+    the runtime is not ExecuTorch (module doc), with a line for each group whose fleet entry named native there."""
+    kinds = {}
+    for g in fleet.groups:
+        wanted = override or g.agent
+        kinds[g.name] = wanted if g.runtime == "executorch" else "python"
+        if wanted == "native" and kinds[g.name] == "python" and override is None:
+            say(f"group {g.name}: runtime {g.runtime}: the native agent trains ExecuTorch sets only, so its devices run "
+                f"the Python agent; its plan counted the native agent's memory: give the group 'agent: python' in "
+                f"the fleet file to plan for the Python agent's, or runtime: executorch")
+    return kinds
 
 
 def supervise(procs: dict[str, subprocess.Popen], logs: Path, stop: threading.Event,

@@ -171,3 +171,36 @@ def _cmdline(pid: str) -> bytes:
 def _logs(folder: Path) -> str:
     return "\n".join(p.read_text()[-800:] for p in sorted((folder / "fleet" / "logs").glob("*.log"))) \
         if (folder / "fleet" / "logs").exists() else ""
+
+
+MIXED = ("fleet:\n  name: mixed\n  groups:\n    pi: {count: 1, runtime: executorch, memory_budget: 180MiB}\n"
+         "    lab: {count: 1, runtime: executorch, agent: python, memory_budget: 1GiB}\n"
+         "    phone: {count: 1, profile: android-low}\n")
+
+
+def test_each_group_runs_the_agent_its_fleet_entry_names_and_an_ort_group_the_python_one_saying_so():
+    """No --agent: a group's own `agent:` (native by default, the kind its plan counted); the native agent trains
+    ExecuTorch only, so an ort group that names it (by default) runs the Python agent, and one line says so, naming
+    the group and the fix. --agent overrides every group (the native agent still only for ExecuTorch groups)."""
+    from edgefl.engines.agents import agent_kinds
+    from edgefl.fleet import parse_fleet
+
+    fleet = parse_fleet(MIXED)
+    said: list[str] = []
+    assert agent_kinds(fleet, None, said.append) == {"pi": "native", "lab": "python", "phone": "python"}
+    assert said == ["group phone: runtime ort: the native agent trains ExecuTorch sets only, so its devices run the "
+                    "Python agent; its plan counted the native agent's memory: give the group 'agent: python' in the "
+                    "fleet file to plan for the Python agent's, or runtime: executorch"]
+    said.clear()
+    assert agent_kinds(fleet, "python", said.append) == {"pi": "python", "lab": "python", "phone": "python"}
+    assert agent_kinds(fleet, "native", said.append) == {"pi": "native", "lab": "native", "phone": "python"}
+    assert said == []
+
+
+def test_an_unknown_agent_is_one_line(tmp_path):
+    fleet = tmp_path / "mixed.yaml"
+    fleet.write_text(MIXED)
+    r = edgefl("fleet", "up", "--devices", fleet, "--broker", "mqtt://127.0.0.1:1", "--dataset", "fashion-mnist",
+               "--agent", "java", "--workdir", tmp_path / "fleet")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "edgefl: error: --agent java: choose one of: python, native", r.stderr

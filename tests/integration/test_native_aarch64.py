@@ -11,7 +11,10 @@ bundle `edgefl device bundle` writes for a Pi.
   folder through that RUNPATH (no LD_LIBRARY_PATH, and the build machine's SDK folder is not on it) with the
   same result; a second bundle is the same bytes and needs no package index; --with-python adds wheels/
   holding edgefl and numpy for aarch64 and no torch, executorch or onnxruntime;
-* bad output paths (a missing folder, an existing file without --force) are one line and exit 2.
+* bad output paths (a missing folder, an existing file without --force) are one line and exit 2;
+* the bundle's aarch64 agent serves a round on loopback under qemu (real mosquitto, `edgefl serve`) as the x86
+  agent does: the same train loss (rel. 1e-5; measured equal) and global weights (rel. err <= 1e-5 per tensor;
+  measured: every tensor differs in its low bits).
 
 Needs apt's qemu-user-static and g++-aarch64-linux-gnu (the test fails, not skips, without them); the
 first run downloads the aarch64 executorch wheel (~18 MB) and the dependency wheels (~21 MB) into
@@ -199,3 +202,88 @@ def test_bad_output_is_one_line(problem, tmp_path):
     assert ("does not exist" if problem == "missing folder" else "--force") in proc.stderr
     if problem == "existing file":
         assert output.read_bytes() == b"keep me"
+
+
+# --- a served round: the cross-built native agent under qemu against the x86 one --------------------------------
+PI = "fleet:\n  name: pi\n  groups:\n    pi: {count: 1, runtime: executorch, memory_budget: 512MiB, examples: 64}\n"
+
+
+@pytest.fixture(scope="module")
+def pi_plan(tmp_path_factory):
+    """One Pi's fleet, a 1-round FedAvg plan of the CNN, and its 64-example Fashion-MNIST share (2 steps of 32)."""
+    from served_run import write_plan
+
+    from edgefl.engines.agents import export_shares
+    from edgefl.fleet import parse_fleet
+
+    folder = tmp_path_factory.mktemp("pi-plan")
+    fleet, plan = write_plan(folder, PI, "fedavg", 1)
+    shares = export_shares(parse_fleet(PI), "fashion-mnist", "iid", 0, folder / "data", train_limit=64)
+    return fleet, plan, shares["pi-0"]
+
+
+def served_round(folder: Path, pi_plan, argv: list, *extra, env=None) -> tuple[dict, dict]:
+    """One served round (real mosquitto, `edgefl serve`) with `argv` run as device pi-0 (`extra`: more of its run
+    options): (the round's record, the global weights after it)."""
+    import torch
+    from mosquitto import Mosquitto
+
+    fleet, plan, share = pi_plan
+    with Mosquitto(folder / "broker") as broker:
+        log = open(folder / "pi-0.log", "w")
+        agent = subprocess.Popen([*map(str, argv), "run", "--id", "pi-0", "--broker", broker.url, "--data", str(share),
+                                  "--runtime", "executorch", "--cache", str(folder / "cache"), "--memory",
+                                  str(512 * 2**20), "--power", "3W", *map(str, extra)], stdout=log,
+                                 stderr=subprocess.STDOUT, env=env)
+        try:
+            r = subprocess.run([sys.executable, "-m", "edgefl", "serve", "--plan", str(plan), "--devices", str(fleet),
+                                "--broker", broker.url, "--state", str(folder / "state"), "--rounds", "1",
+                                "--wait-online", "120", "--round-timeout", "300"], capture_output=True, text=True,
+                               timeout=600)
+        finally:
+            agent.terminate()
+            agent.wait(timeout=30)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:], (folder / "pi-0.log").read_text()[-2000:])
+    [record] = json.loads((folder / "state" / "history.json").read_text())["rounds"]
+    return record, torch.load(folder / "state" / "weights.pt")
+
+
+def test_the_cross_built_agent_serves_a_round_under_qemu_as_the_x86_agent_does(qemu, bundle, pi_plan, native_trainer,
+                                                                            tmp_path):
+    """The bundle's aarch64 agent (under qemu-aarch64-static; its trainer too, through a wrapper: qemu-user cannot
+    exec an aarch64 program without binfmt) and the x86 agent, each device pi-0 of the same 1-round plan with the
+    same share and seed: both reports are ok from the native agent and native trainer with the same examples and
+    steps; the round's train loss agrees to rel. 1e-5 and the global weights (the one device's upload) to rel. err
+    <= 1e-5 per tensor (float sums in another order on another machine: not bit for bit)."""
+    import torch
+
+    root = bundle[1]
+    agent = native.find_agent()
+    assert agent is not None
+    x86, x86_weights = served_round(tmp_path / "x86", pi_plan, [agent])
+
+    wrapper = tmp_path / "edgefl-et-train-qemu"
+    wrapper.write_text(f'#!/bin/sh\nexec "{qemu}" -L {SYSROOT} "{root / "bin" / native.BINARY}" "$@"\n')
+    wrapper.chmod(0o755)
+    libraries = native.target_libraries(native.target("linux-aarch64")) / "usr" / "lib" / "aarch64-linux-gnu"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "EDGEFL_ET_TRAIN")}
+    (tmp_path / "arm").mkdir()
+    arm, arm_weights = served_round(tmp_path / "arm", pi_plan,
+                                    [qemu, "-L", SYSROOT, "-E", f"LD_LIBRARY_PATH={libraries}",
+                                     root / "bin" / native.AGENT], "--trainer", wrapper, env=env)
+    said = (tmp_path / "arm" / "pi-0.log").read_text()
+    assert "native agent, trainer" in said and str(wrapper) in said, said
+
+    for record in (x86, arm):
+        metrics = record["device_metrics"]["pi-0"]
+        assert record["aggregated"] and record["examples"] == {"pi-0": 64}, record
+        assert metrics["agent"] == "native" and metrics["trainer"] == "native" and metrics["torch_loaded"] is False
+    assert arm["device_metrics"]["pi-0"]["steps"] == x86["device_metrics"]["pi-0"]["steps"] > 1
+    np.testing.assert_allclose(arm["train_loss"], x86["train_loss"], rtol=1e-5)
+    assert arm_weights.keys() == x86_weights.keys()
+    changed = 0
+    for key, value in x86_weights.items():
+        assert rel(arm_weights[key].double().numpy(), value.double().numpy()) <= 1e-5, key
+        changed += not torch.equal(value, arm_weights[key])
+    print(f"aarch64 vs x86: train loss {arm['train_loss']} vs {x86['train_loss']}; {changed} of {len(x86_weights)} "
+          "tensors differ in some bit")
