@@ -248,6 +248,7 @@ def served_round(folder: Path, pi_plan, argv: list, *extra, env=None) -> tuple[d
     return record, torch.load(folder / "state" / "weights.pt")
 
 
+@pytest.mark.slow          # two served runs, one under qemu: 10 min at load ~10, over the issue's 3 min
 def test_the_cross_built_agent_serves_a_round_under_qemu_as_the_x86_agent_does(qemu, bundle, pi_plan, native_trainer,
                                                                             tmp_path):
     """The bundle's aarch64 agent (under qemu-aarch64-static; its trainer too, through a wrapper: qemu-user cannot

@@ -109,7 +109,9 @@ def serve(model: str, root: Path, folder: Path) -> dict:
     return {"history": history, "idle": idle, "exe": exe, "budgets": limits}
 
 
-@pytest.fixture(scope="module", params=sorted(FROZEN))
+# the CNN's run (~3 min on 2 idle cores) is in the default run; ResNet-20's (an export and 2 rounds of a deeper
+# net: 6-11 min at load ~10) with -m slow
+@pytest.fixture(scope="module", params=["cnn", pytest.param("resnet20", marks=pytest.mark.slow)])
 def served(request, bundled, native_trainer, tmp_path_factory):
     t0 = time.monotonic()
     out = serve(request.param, bundled, tmp_path_factory.mktemp(f"served-{request.param}"))
