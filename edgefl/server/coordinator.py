@@ -98,11 +98,13 @@ class Coordinator:
         self.group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
         self.devices = sorted(self.group_of)
         self.history: list[RoundRecord] = []
+        self._history_json: list[dict] = []     # the same, as the state's history file holds it (each converted once)
 
     def sample(self, round: int) -> list[str]:
         rng = random.Random(self.settings.seed * 1_000_003 + round)
-        k = min(self.settings.clients_per_round, len(self.devices))
-        return sorted(rng.sample(self.devices, k))
+        pool = self.strategy.pool(self.plan, round)
+        devices = self.devices if pool is None else [d for d in self.devices if self.group_of[d] in pool]
+        return sorted(rng.sample(devices, min(self.settings.clients_per_round, len(devices))))
 
     def resume(self) -> int:
         """Restore the last checkpoint of `state` (global tensors, strategy, history); the next round to run."""
@@ -112,6 +114,7 @@ class Coordinator:
         last, weights, self.strategy, history = saved
         self.server.restore(weights)
         self.history = [record_from_json(d) for d in history]
+        self._history_json = list(history)
         return last + 1
 
     def run(self, start_round: Optional[int] = None) -> list[RoundRecord]:
@@ -123,7 +126,8 @@ class Coordinator:
         for r in range(first, self.settings.rounds + 1):
             self.history.append(self.round(r))
             if self.state is not None:
-                self.state.save(r, self.server.snapshot(), self.strategy, [record_to_json(h) for h in self.history])
+                self._history_json.append(record_to_json(self.history[-1]))
+                self.state.save(r, self.server.snapshot(), self.strategy, self._history_json)
             if self.on_round:
                 self.on_round(self.history[-1])
         return self.history

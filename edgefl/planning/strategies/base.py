@@ -113,6 +113,11 @@ class Strategy:
         """The step a device of `group` trains in `round`; the plan's, unless a method decides online."""
         return plan.groups[group].step_at(round)
 
+    def pool(self, plan: Plan, round: int) -> Optional[set[str]]:
+        """The groups `round`'s devices are drawn from (None: every group): a method that trains only the
+        devices able to take part draws from those alone (ProFL)."""
+        return None
+
     def idle_reason(self, plan: Plan, round: int, group: str) -> str:
         """Why a device of `group` trains nothing in `round` (configure_round gave it no step)."""
         return plan.groups[group].idle_reason(round)

@@ -30,12 +30,29 @@ from edgefl.planning.strategies.slt import round_schedule
 
 
 def block_ends(ctx: PlanContext, blocks: Optional[int]) -> list[int]:
-    L = ctx.num_layers
-    ends = sorted({b for b in ctx.full_profile.stages if 0 < b < L - 1}) + [L]
+    """The layer each block ends at (the last one at the classifier): the architecture's stages, a stem
+    (a first stage of other layer kinds than the next, the ResNets' conv + BN) inside block 1 (sec. 4.1:
+    ResNets "based on the residual blocks"). `blocks` fewer than the stages merges them, each cut at the
+    stage end nearest an even share of the layers (VGG11_bn, blocks=2: its first four convolutions and its
+    last four, sec. 4.1)."""
+    profile = ctx.full_profile
+    L = profile.num_layers
+    ends = sorted({b for b in profile.stages if 0 < b < L - 1})
+    kinds = [p.kind for p in profile.layers]
+    if len(ends) > 1 and not set(kinds[:ends[0]]) & set(kinds[ends[0]:ends[1]]):
+        ends = ends[1:]                                   # the stem joins block 1
+    ends.append(L)
     if blocks is not None and blocks < len(ends):
-        # merge stages evenly into `blocks` blocks, keeping the last one ending at L
-        ends = [ends[round((i + 1) * len(ends) / blocks) - 1] for i in range(blocks)]
+        cuts: list[int] = []
+        for i in range(1, blocks):
+            target = i * (L - 1) / blocks                 # layers but the classifier, split evenly
+            free = [e for e in ends[:-1] if e > (cuts[-1] if cuts else 0)][: len(ends) - 1 - (blocks - 1 - i)]
+            cuts.append(min(free, key=lambda e: (abs(e - target), e)))
+        ends = cuts + [L]
     return ends
+
+
+OUTPUT_LAYER = "output layer only"
 
 
 class ProFL(Strategy):
@@ -123,6 +140,19 @@ class ProFL(Strategy):
             self.observe(state)   # a fresh history: the next block as it stands before its first round
         record.decisions.update(d)
 
+    def pool(self, plan: Plan, round: int) -> Optional[set[str]]:
+        """The groups a round's devices are drawn from: those with a step in the current one, i.e. that can
+        afford the current block, or that can afford no block and train the output layer (sec. 3, 4.1)."""
+        order = self.order(plan)
+        if not order:
+            return None
+        key = order[min(self.current, len(order) - 1)]
+        return {name for name, g in plan.groups.items() if any(s.rounds == key for s in g.steps)}
+
+    def trainer_options(self, round: int, step: Step, group=None) -> dict:
+        """A device that can afford no block trains only the output module's last layer (sec. 4.1)."""
+        return {"output_layer_only": 1} if step.label.endswith(OUTPUT_LAYER) and step.config.aux_head else {}
+
     def plan(self, ctx: PlanContext):
         L = ctx.num_layers
         ends = block_ends(ctx, self.blocks)
@@ -133,7 +163,9 @@ class ProFL(Strategy):
             s, e = starts[t], ends[t]
             return ctx.config(frozen_prefix=s, trained_end=e, aux_head="conv") if e < L else ctx.config(frozen_prefix=s)
 
-        def output_only(t):
+        def output_layer(t):
+            """The output module after block t, of which the device trains the last layer (the trainer option
+            above); at the classifier, the classifier."""
             e = ends[t]
             return ctx.config(frozen_prefix=e, trained_end=e, aux_head="conv") if e < L else ctx.config(frozen_prefix=L - 1)
 
@@ -141,17 +173,17 @@ class ProFL(Strategy):
         ranges = round_schedule(ctx.rounds, [i + 1 for i in range(len(order))], len(order))
         groups = {}
         for g in ctx.fleet.groups:
+            no_block = not any(ctx.fits(train_block(t), g) for t in range(T))
             steps, idle = [], []
             for (stage, t), rounds in zip(order, ranges, strict=True):
                 if rounds[0] > rounds[1]:
                     continue
-                for config, what in ((train_block(t), "block"), (output_only(t), "output module only")):
-                    if ctx.fits(config, g):
-                        steps.append(Step(rounds=rounds, config=config, predicted=ctx.cost(config, g),
-                                          label=f"{stage} block {t + 1}/{T}: {what}"))
-                        break
-                else:
-                    idle.append((rounds, output_only(t)))
-            groups[g.name] = group_plan(ctx, g, steps, [output_only(t) for t in range(T)], idle=idle)
+                config, what = (output_layer(t), OUTPUT_LAYER) if no_block else (train_block(t), "block")
+                if ctx.fits(config, g):
+                    steps.append(Step(rounds=rounds, config=config, predicted=ctx.cost(config, g),
+                                      label=f"{stage} block {t + 1}/{T}: {what}"))
+                else:   # it affords another block, not this one: it is not drawn while this one trains
+                    idle.append((rounds, config))
+            groups[g.name] = group_plan(ctx, g, steps, [output_layer(t) for t in range(T)], idle=idle)
         notes = [f"blocks end at layers {ends}; {len(order)} steps (shrinking {T - 1}, growing {T})"]
         return self.new_plan(ctx, groups, notes)
