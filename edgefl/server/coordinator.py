@@ -57,6 +57,7 @@ class ServerModel(Protocol):
     def apply(self, running: Accumulator) -> None: ...        # the global state becomes its result
     def aggregate(self, contributions: list, mode: str) -> None: ...
     def evaluate(self) -> dict: ...
+    def edit(self, change: object) -> dict: ...     # a strategy's change of the global state; what was done
     def evaluate_groups(self) -> dict[str, float]: ...
     def snapshot(self) -> dict: ...                 # global tensors as numpy arrays (for checkpoints)
     def restore(self, tensors: Mapping[str, object]) -> None: ...
@@ -196,13 +197,18 @@ class Coordinator:
             if not intake.took(report):     # made up at the end (failed: gone offline) or held back (duplicates)
                 intake.take(report)
         intake.close(self.group_of, self.settings.min_reports)
-        self.strategy.after_round(r, record, self.server.state)
+        self.strategy.after_round(r, record, self.server.state, edit=self._edit)
         if r % self.settings.eval_every == 0 or r == self.settings.rounds:
             metrics = self.server.evaluate()
             record.accuracy, record.loss = metrics.get("accuracy"), metrics.get("loss")
             record.group_accuracy = self.server.evaluate_groups()
         record.wall_s = time.perf_counter() - t0
         return record
+
+
+    def _edit(self, change: object) -> tuple[Mapping[str, object], dict]:
+        done = self.server.edit(change)
+        return self.server.state, done
 
 
 class _Intake:

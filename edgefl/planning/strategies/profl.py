@@ -19,6 +19,7 @@ W - 1 snapshots, about 12 rounds per step). `record.decisions` shows the step, E
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -53,6 +54,15 @@ def block_ends(ctx: PlanContext, blocks: Optional[int]) -> list[int]:
 
 
 OUTPUT_LAYER = "output layer only"
+
+
+@dataclass(frozen=True)
+class OutputModuleChange:
+    """The output module after the block ending at `to_end` is composed from the one after `from_end` (the
+    model's classifier when `from_end` is the last layer); `mapped`: (start, end) of the block to distil."""
+    from_end: int
+    to_end: int
+    mapped: Optional[tuple[int, int]] = None
 
 
 class ProFL(Strategy):
@@ -121,7 +131,22 @@ class ProFL(Strategy):
             self.snapshots.append(np.concatenate([np.asarray(state[k]).astype(np.float32, copy=False).ravel()
                                                   for k in keys]))
 
-    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
+    def output_change(self, step: int) -> Optional[OutputModuleChange]:
+        """The output module the step after `step` trains with, composed from `step`'s (sec. 3.2); a
+        shrinking step's block is mapped into it."""
+        plan = self.plan_
+        order = self.order(plan)
+        if step + 1 >= len(order):
+            return None
+        here, there = self.step_configs(plan, step), self.step_configs(plan, step + 1)
+        from_end, to_end = max(s.config.end for s in here), max(s.config.end for s in there)
+        ends = sorted({s.config.end for g in plan.groups.values() for s in g.steps})
+        start = max([e for e in ends if e < from_end], default=0)
+        mapped = (start, from_end) if here[0].label.startswith("shrink") else None
+        return OutputModuleChange(from_end, to_end, mapped)
+
+    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None,
+                    edit=None) -> None:
         if self.plan_ is None or state is None or not self.order(self.plan_):
             return
         self.last_trained = self.current
@@ -134,8 +159,11 @@ class ProFL(Strategy):
             d["slope"] = slopes(history, self.H, self.window)[-1]
         if self.current < len(self.order(self.plan_)) - 1 and should_freeze(history, self.H, self.W, self.phi,
                                                                              self.window):
+            change = self.output_change(self.current)
             self.current += 1
             d["switched_to"] = self.current
+            if edit is not None and change is not None:
+                state, d["output_module"] = edit(change)
             self.keys = ()
             self.observe(state)   # a fresh history: the next block as it stands before its first round
         record.decisions.update(d)
