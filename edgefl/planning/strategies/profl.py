@@ -1,20 +1,50 @@
-"""ProFL: progressive training by architectural block.
+"""ProFL: progressive training by architectural block (ProFL, Wu et al.), as its paper describes it.
 
-Blocks follow the architecture's stages (4 for the CIFAR ResNets; `blocks` merges stages to fewer).
-Progressive model shrinking trains blocks T..2 back to front, each with an output module standing in
-for the blocks after it (one conv per later stage, then the classifier); progressive model growing then
-trains blocks 1..T front to back with the earlier blocks frozen. A device that cannot afford the block
-being trained trains only the output module. The rounds given to each step here are an even split:
-the training half switches steps online by effective movement (ProFL sec. 3.3).
+Blocks (sec. 4.1): ResNets by residual stage, the stem inside block 1 (CIFAR ResNet-20: layers [0, 7),
+[7, 13), [13, 20)); `blocks` fewer merges stages at the stage end nearest an even share of the layers
+(VGG11_bn, blocks=2: its first four convolutions and its last four, as sec. 4.1 splits it).
 
-Training half: the steps run in the plan's order (shrinking back to front, then growing front to back),
-ignoring the plan's round ranges; a group trains its own config of the current step, or sits out where it
-has none. After each round's aggregation the global tensors of the block being trained (its layers'
-parameters; the output modules' where no group trains the block) are snapshot, and once
-edgefl.planning.progress.should_freeze(H, W, phi, window) holds, the next round moves to the next step; the last
-step trains to the end. Steps the plan gives no rounds to (R below the number of steps) are absent.
-Defaults: H = 5, window = 5, W = 3, phi = 0.01 (the paper gives no values; freezing needs H + window +
-W - 1 snapshots, about 12 rounds per step). `record.decisions` shows the step, EM, slope and switches.
+Steps (sec. 3.1, 3.2): progressive model shrinking trains blocks T..2 back to front, each with the output
+module of the blocks after it; progressive model growing then trains blocks 1..T front to back with the
+earlier blocks frozen, each block starting from what shrinking left in it. 2T - 1 steps.
+
+Output modules and the Map (sec. 3.2): the module after block t is [theta_{t+1,Conv}, ..., theta_{T,Conv},
+theta_L]. Shrinking's first step trains the whole model, theta_L being its classifier; at each switch the
+server composes the next step's module from the pieces the last step trained (its later convs and its
+linear, or the classifier), and after a shrinking step it distils that step's block into its conv
+theta_{t,Conv} (edgefl.server.output_modules: what the Map's data, loss and schedule are, which the paper
+leaves open). The pieces are one set of tensors in the paper; here each module is the conv auxiliary head at
+its block's end, and copying the pieces at each switch is the same thing, since only the current step's
+module trains. Growing's last step hands theta_L back to the classifier.
+
+Who trains (sec. 3, 4.1): a round's clients are drawn from the pool of clients who can afford training
+the current block (`pool`: the groups with a step in it); a client that can afford no block at all trains
+only the output layer (the linear of the step's output module, the trainer option `output_layer_only`;
+the classifier in steps that end there) in every step, so that its data is used; a client that can afford
+some blocks sits out the steps of the others and is not drawn then.
+
+Freezing (sec. 3.3, 4.4): after each round's aggregation the block being trained (its layers' parameters;
+the output module's where no group trains the block) is snapshot; its effective movement over H rounds,
+the least-squares slope of the last `window` movements, and the step switches once the movement is flat,
+|slope| < phi, for W evaluations in a row (edgefl.planning.progress). The paper gives no values; the
+defaults follow from its setting, not from results here: H = 5 and window = 5 rounds, the rounds in which
+its 20-of-100 draw samples as many clients as the pool holds (one pass over the federation's data, the FL
+counterpart of the epochs sec. 3.3 measures movement over); W = 3 so that one draw of clients cannot
+freeze a block alone; phi = 0.01 per round, so EM moves less than 0.05 across the window: 5% of its
+[0, 1] range. Freezing needs H + window + W - 1 = 12 snapshots at least. The last step trains to the end.
+
+Departures, and why:
+- The plan's round ranges are an even split: the steps switch online, so a plan can only say which steps
+  exist and who trains in each. Steps the plan gives no rounds to (R below the number of steps) are absent.
+- A block spanning several stages maps into one conv per stage (VGG11_bn's block 2: two, each pooling as
+  its stage does), not one conv: the output module keeps the resolution each later block has.
+- The Map runs on the server, on the seeded sample of the devices' data an emulation holds; a server without
+  one (deployment) composes the module without distilling, and the round's decisions say so.
+- A device training only the output layer is planned and checked against the whole output module's cost
+  (an upper bound of its memory); the ORT and ExecuTorch trainers train the whole module (their training
+  graphs are per config), the torch trainer only its linear.
+- Mid-schedule the model is judged as the current step trains it (`evaluated_config`).
+`record.decisions` shows the step, EM, slope, switches and each composed output module.
 """
 from __future__ import annotations
 
