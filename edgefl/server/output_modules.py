@@ -21,7 +21,7 @@ whole sample; a server without such data
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, cast
 
 import numpy as np
 import torch
@@ -32,11 +32,12 @@ from edgefl.planning.strategies.profl import OutputModuleChange
 from edgefl.server.submodel import ensure_aux
 from edgefl.trainconfig import TrainConfig, aux_key
 from edgefl.zoo import ModelRef, build
+from edgefl.zoo.base import LayeredModel
 
 MAP_STEPS, MAP_BATCH, MAP_LR = 300, 64, 1e-2
 
 
-def _layout(model: nn.Module, boundary: int) -> tuple[list[int], str]:
+def _layout(model: LayeredModel, boundary: int) -> tuple[list[int], str]:
     """(the stage ends the head at `boundary` holds a conv for, in its order; the key prefix of its linear
     inside it). Its convs stand for the first stages after the boundary (a stage of no convs, the CNN's
     dense layers, has none); a head that is one linear layer holds no conv."""
@@ -75,7 +76,7 @@ def compose(state: Mapping[str, torch.Tensor], ref: ModelRef, change: OutputModu
 
 def _compose(state: Mapping[str, torch.Tensor], ref: ModelRef, change: OutputModuleChange,
              x: Optional[np.ndarray], seed: int) -> tuple[dict[str, torch.Tensor], dict]:
-    model = build(ref)
+    model = cast(LayeredModel, build(ref))
     L = len(model.layers)
     state = dict(state)
     for end in (change.from_end, change.to_end):
@@ -103,20 +104,20 @@ def _compose(state: Mapping[str, torch.Tensor], ref: ModelRef, change: OutputMod
         elif x is None or not len(x):
             done["mapped"] = "no data on the server: not mapped"
         else:
-            done["mapped"], done["map_mse"] = list(change.mapped), _map(state, model, change, inside, x, seed)
+            done["mapped"], done["map_mse"] = list(change.mapped), _map(state, model, change.mapped[0], change.to_end,
+                                                                    inside, x, seed)
     return state, done
 
 
-def _map(state: dict, model: nn.Module, change: OutputModuleChange, inside: list[int], x: np.ndarray,
+def _map(state: dict, model: LayeredModel, start: int, to_end: int, inside: list[int], x: np.ndarray,
          seed: int) -> float:
     """Distil layers [start, inside[-1]) into the head's convs of the stages ending at `inside`; the distilled
     tensors go into `state`. Returns the last pass's mean squared error."""
-    start = change.mapped[0]
     model.load_state_dict({k: v for k, v in state.items() if not k.startswith("aux.")}, strict=True)
-    prefix = aux_key(change.to_end, "conv")
-    head = model.aux_head(change.to_end, "conv")
+    prefix = aux_key(to_end, "conv")
+    head = model.aux_head(to_end, "conv")
     head.load_state_dict(_module(state, prefix), strict=True)
-    student = nn.Sequential(*list(head)[: len(inside)])
+    student = nn.Sequential(*list(cast(nn.Sequential, head))[: len(inside)])
     model.eval()
     with torch.no_grad():
         inputs = model(torch.as_tensor(x), 0, start)
