@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -101,6 +102,14 @@ def write_history(records: list[RoundRecord], path: str | Path) -> None:
     HistoryFile(path, [record_to_json(r) for r in records])
 
 
-def read_history(path: str | Path) -> list[dict]:
-    """The records of a history.json (OSError, ValueError or KeyError when it is missing or not one)."""
-    return json.loads(Path(path).read_text())["rounds"]
+def read_history(path: str | Path, tries: int = 3) -> list[dict]:
+    """The records of a history.json (OSError, ValueError or KeyError when it is missing or not one). A
+    reader that meets the file while a round is appended to it (its last bytes being rewritten) reads again."""
+    for attempt in range(tries):
+        try:
+            return json.loads(Path(path).read_text())["rounds"]
+        except ValueError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")
