@@ -11,7 +11,7 @@ import torch
 
 CLI = [sys.executable, "-m", "edgefl", "emulate", "--model", "cnn", "--dataset", "fashion-mnist",
        "--method", "profl", "--clients-per-round", "4", "--train-limit", "300", "--test-limit", "200"]
-ROUNDS = 10
+ROUNDS = 6
 
 
 def emulate(fleet, out, *extra, rounds=ROUNDS, **kwargs):
