@@ -4,6 +4,9 @@ ordering beside ours. Shared by bench/reproduce_{fedolf,fedepth,profl}.py (and t
 A study is a list of runs (label, method, fleet, options); each is planned by the method's own planner and
 emulated by the coordinator's round loop (bench/emulation_grid.run_method), and the result file is written
 after every run, so a long study keeps what it has. `--merge` combines studies split across processes.
+`--state DIR` checkpoints every run after each round in DIR/<label>-<settings hash>/ and resumes a run that
+finds its checkpoint there (edgefl.server.runstate, as `edgefl emulate --resume`): a study to convergence,
+hours long, runs in pieces that end as the uninterrupted run would.
 
 Ordering rule (SLT's, bench/reproduce_slt.py): methods are ordered by final accuracy; neighbours closer than
 one point (TIE) are ties. `matches_paper_order` is true when our order is the paper's, "up to ties" when the
@@ -12,6 +15,7 @@ paper's order holds once accuracies within a point count as equal, and false oth
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -141,7 +145,19 @@ def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--device", default="cpu")
     p.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / f"reproduce_{study.name}.json")
+    p.add_argument("--state", type=Path, help="checkpoint each run here every round and resume it from there")
     return p.parse_args(argv)
+
+
+def run_state(folder: Optional[Path], label: str, settings: dict) -> dict:
+    """The `state` keyword of a run checkpointed under `folder` (none without one): its own subfolder per
+    label and settings, so a checkpoint is only ever resumed by the run that wrote it."""
+    if folder is None:
+        return {}
+    from edgefl.server.runstate import RunState
+
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    return {"state": RunState(folder / f"{label}-{digest}", journal=False)}
 
 
 def summarise(result: dict, paper_order: list[str]) -> None:
@@ -199,7 +215,8 @@ def main(study: Study, description: str, argv=None) -> None:
     result["budgets_bytes"] = {g.name: g.memory_budget_bytes for g in fleet.groups}
     for run in runs:
         started = time.strftime("%H:%M:%S")
-        row = run_method(run.method, run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate)
+        row = run_method(run.method, run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate,
+                         **run_state(args.state, run.label, {**settings, "options": repr(run.emulate)}))
         row.update(method=run.method, ceiling=run.ceiling, options=run.emulate)
         row["groups"] = {g.name: {"devices": g.count, "memory_budget": g.memory_budget_bytes} for g in run.fleet.groups}
         result["methods"][run.label] = row

@@ -6,6 +6,8 @@ prefix -> global prefix of every head it trains), to `prepare` extra trainable p
 weights are in (m-FeDepth's peer copy), for each batch's `loss`, and at the end for `metrics`.
 The instruction's options choose the objective (`objective_for`):
 
+* `output_layer_only`: ProFL. Only the auxiliary head's last module (the output module's linear layer)
+  trains and is uploaded; the head's convolutions run frozen.
 * `exits` (+ `distill`): DepthFL. A classifier at each exit boundary the device holds plus the one at its
   depth; loss = sum of their cross-entropies + distill / (n - 1) * sum over ordered pairs i != j of
   KL(p_j || p_i), p_j held fixed (self-distillation between exits, temperature 1).
@@ -54,6 +56,14 @@ class Objective:
 
     def heads(self, config: TrainConfig) -> dict[str, str]:
         return {"aux.": config.aux_prefix} if config.aux_head is not None else {}
+
+    def trains(self, names: list[str]) -> list[str]:
+        """Of the tensors the config trains, those the device trains and uploads: with `output_layer_only`,
+        its auxiliary head's last module alone (ProFL's output layer, ProFL sec. 4.1)."""
+        if not self.options.get("output_layer_only"):
+            return names
+        last = max((int(n.split(".")[1]) for n in names if n.startswith("aux.")), default=None)
+        return [n for n in names if n.startswith(f"aux.{last}.")]
 
     def prepare(self, model: nn.Module, config: TrainConfig) -> list:
         """Trainable parameters outside the model (after the weights loaded and requires_grad is set)."""

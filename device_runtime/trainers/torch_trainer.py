@@ -104,7 +104,7 @@ class TorchTrainer:
         model.train()
         for i in range(config.frozen_prefix):
             model.layers[i].eval()
-        trained = set(self.trained_names(model, config, objective.heads(config)))
+        trained = set(objective.trains(self.trained_names(model, config, objective.heads(config))))
         params = []
         for name, p in model.named_parameters():
             p.requires_grad_(name in trained)
@@ -141,7 +141,7 @@ class TorchTrainer:
             heads = objective.heads(config)
             losses += self.train(model, config, x, y, instruction.lr, instruction.seed + j, objective)
             trained = model.state_dict()
-            for name in self.trained_names(model, config, heads):
+            for name in objective.trains(self.trained_names(model, config, heads)):
                 key = to_wire(name, heads)
                 tensors[key] = state[key] = trained[name].detach().to("cpu")
             metrics.update(objective.metrics())

@@ -20,6 +20,8 @@ Engine = Annotated[str, typer.Option("--engine", help="where the devices train: 
                                      "of a Ray cluster; pip install 'edgefl[ray]')")]
 Address = Annotated[Optional[str], typer.Option("--address", help="--engine ray: the cluster's head, HOST:PORT "
                                                 "(default: start Ray on this machine)")]
+Resume = Annotated[bool, typer.Option("--resume", help="continue the stopped run in -o from its last checkpoint "
+                                      "(give the options it was started with); it ends as the uninterrupted run")]
 RunFolder = Annotated[Path, typer.Option("-o", "--output", help="run folder, e.g. runs/NAME (refused if it holds files)")]
 
 
@@ -31,7 +33,7 @@ def emulate(devices: o.Devices, model: o.Model, dataset: o.Dataset, method: o.Me
             data_root: o.DataRoot = None, layers: o.Layers = None,
             classes: o.Classes = None, input_shape: o.InputShape = None, toa: Toa = None,
             measure_memory: MeasureMemory = False, pretrained: Pretrained = None, engine: Engine = "local",
-            address: Address = None):
+            address: Address = None, resume: Resume = False):
     """Train the whole fleet in one process (or a Ray cluster's actors), each virtual device held to its budget."""
     from edgefl.engines.emulation import EmulatedRun, Emulation, final_accuracy
 
@@ -41,8 +43,8 @@ def emulate(devices: o.Devices, model: o.Model, dataset: o.Dataset, method: o.Me
         local_epochs=local_epochs, lr=lr, eval_every=eval_every, train_limit=train_limit, test_limit=test_limit,
         data_root=data_root, layers=o.parse_int_list(layers, "--layers"), classes=classes,
         input_shape=o.parse_shape(input_shape), toa=toa, measure_memory=measure_memory, pretrained=pretrained,
-        engine=engine, address=address))
-    for g in run.plan.groups.values():
+        engine=engine, address=address, resume=resume))
+    for g in run.plan.groups.values() if not resume else ():
         if g.excluded:
             stdout.print(f"[yellow]group {g.name} excluded[/]: {g.reason}")
         for out in g.sits_out:

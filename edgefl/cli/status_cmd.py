@@ -77,13 +77,13 @@ def _read(path: Path) -> Optional[dict]:
 
 
 def _history(run: Path) -> Optional[list]:
-    from edgefl.server.history import record_from_json
+    from edgefl.server.history import read_history, record_from_json
 
     path = run / "history.json"
     if not path.exists():
         return None
     try:
-        return [record_from_json(r) for r in json.loads(path.read_text())["rounds"]]
+        return [record_from_json(r) for r in read_history(path)]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: not a run history ({type(exc).__name__}: {exc})") from None
 

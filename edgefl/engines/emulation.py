@@ -3,8 +3,16 @@
 `EmulatedRun.start(Emulation(...))` checks what could only fail late (CUDA, Ray, the run folder, the options
 that go together), loads the data (a seeded subset where asked), plans the fleet, splits the training set into
 the devices' shares and writes the run folder's `config.json` and `plan.json`; `train` runs the round loop on
-the local engine (devices in this process) or in the actors of a Ray cluster, writes `history.json` after
-every round and `weights.pt` at the end. A run folder holds exactly what `edgefl report` reads.
+the local engine (devices in this process) or in the actors of a Ray cluster, appends each round to
+`history.json`, checkpoints the run after every round in `checkpoint/` (edgefl.server.runstate: global
+weights, the strategy with its online state, e.g. ProFL's step and EM history) and writes `weights.pt` at
+the end. A run folder holds exactly what `edgefl report` reads.
+
+`resume`: a stopped run (killed, out of time) continues from its last checkpoint and ends exactly as the
+uninterrupted run would (but for wall times): every random draw of the round loop is seeded by the run's
+seed and the round (devices sampled, device seeds, local shuffles, TOA, new output modules), so nothing
+random carries over from one round to the next but what the checkpoint holds. The run must be resumed
+with the settings it was started with (its config.json).
 """
 from __future__ import annotations
 
@@ -27,11 +35,13 @@ from edgefl.planning.plan import Plan
 from edgefl.planning.planner import plan_fleet, strategy_for
 from edgefl.planning.strategies import Strategy
 from edgefl.server.coordinator import LoopSettings
-from edgefl.server.history import RoundRecord, write_history
+from edgefl.server.history import RoundRecord
+from edgefl.server.runstate import RunState
 from edgefl.zoo import ModelRef
 from edgefl.zoo.from_options import model_for_data
 
 RUN_FILES = ("config.json", "plan.json", "history.json")   # what marks a folder as a run --force may replace
+CHECKPOINT = "checkpoint"      # the run folder's subfolder its checkpoints live in
 ENGINES = ("local", "ray")
 
 
@@ -67,6 +77,7 @@ class Emulation(RunOptions):
     pretrained: Optional[Path] = None
     engine: str = "local"
     address: Optional[str] = None
+    resume: bool = False
 
     def check(self) -> None:
         """What would fail only after the data loads or minutes of training, checked before either."""
@@ -84,13 +95,39 @@ class Emulation(RunOptions):
             import_ray()
             if self.address is not None:
                 check_address(self.address)
-        check_output(self.output, self.force, "run", is_run)
+        if self.resume:
+            self.check_resumable()
+        else:
+            check_output(self.output, self.force, "run", is_run)
         if self.pretrained is not None and self.model != "transformer":
             raise ConfigError(f"--pretrained: the pretrained set holds transformers; use --model transformer, "
                               f"not {self.model}")
         if self.toa is not None and self.toa <= 0:
             raise ConfigError(f"--toa {self.toa}: the share of filters sent must be in (0, 1]")
         parse_partition(self.partition)
+
+    def check_resumable(self) -> None:
+        if self.force:
+            raise ConfigError("--resume continues the run in -o and --force replaces it: give one of them")
+        pointer = self.output / CHECKPOINT / "checkpoint.json"
+        if not pointer.is_file():
+            raise ConfigError(f"-o {self.output}: no checkpoint to resume ({pointer} is missing: "
+                              f"{'no round of it finished' if is_run(self.output) else 'it is not a run folder'}); "
+                              "run without --resume to start it afresh (--force to replace it)")
+
+    def check_same_run(self, config: dict) -> None:
+        """A resumed run has the settings it was started with (its config.json), or it is another run."""
+        path = self.output / "config.json"
+        try:
+            before = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: unreadable ({exc}); a run can only be resumed with its config.json") from None
+        changed = [k for k in sorted(set(before) | set(config)) if k != "edgefl_version" and before.get(k) != config.get(k)]
+        if changed:
+            k = changed[0]
+            raise ConfigError(f"{path}: the run in {self.output} was started with {k} = {before.get(k)!r}, not "
+                              f"{config.get(k)!r}{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}; "
+                              "resume it with the options it was started with, or drop --resume and give another -o")
 
     def config_json(self, model: ModelRef, train: Dataset, test: Dataset) -> dict:
         """The run's config.json: its settings as given, the model it trains, the data it holds."""
@@ -142,9 +179,13 @@ class EmulatedRun:
             from edgefl.zoo.pretrained import load_pretrained
 
             initial = load_pretrained(spec.pretrained, plan.model)   # CAFF may have chosen another depth
-        make_output(spec.output, spec.force)
-        (spec.output / "config.json").write_text(json.dumps(spec.config_json(plan.model, train, test), indent=2) + "\n")
-        plan.write(spec.output / "plan.json")
+        config = spec.config_json(plan.model, train, test)
+        if spec.resume:     # the folder's config and plan stay as the run wrote them
+            spec.check_same_run(json.loads(json.dumps(config)))
+        else:
+            make_output(spec.output, spec.force)
+            (spec.output / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            plan.write(spec.output / "plan.json")
         return cls(spec, fleet, strategy, plan, train, test, [share_of[d] for d in sorted(share_of)], initial)
 
     @staticmethod
@@ -159,21 +200,19 @@ class EmulatedRun:
 
     def train(self, on_round: Callable[[RoundRecord], None] = lambda record: None,
               say: Callable[[str], None] = print) -> list[RoundRecord]:
-        """Run every round (history.json rewritten after each, then `on_round`); the global weights go to
-        weights.pt. `say`: where a line about the engine goes."""
+        """Run every round not yet run (each appended to history.json and checkpointed, then `on_round`); the
+        global weights go to weights.pt. `say`: where a line about the engine goes. Returns every round's
+        record, those of a resumed run's earlier rounds included."""
         from edgefl.engines.local import emulate
 
-        spec, records = self.spec, []
-
-        def done(record: RoundRecord) -> None:
-            records.append(record)
-            write_history(records, spec.output / "history.json")
-            on_round(record)
-
+        spec = self.spec
+        state = RunState(spec.output / CHECKPOINT, history=spec.output / "history.json", journal=False)
+        if spec.resume:
+            say(f"resuming {spec.output} after round {state.completed()} of {spec.rounds}")
         with self._engine(say) as transport:
-            _, server = emulate(self.fleet, self.plan, self.strategy, self.plan.model, self.train_set, self.test_set,
-                                self.shares, spec.settings(), spec.device, done, toa=spec.toa,
-                                initial_state=self.initial, transport=transport)
+            records, server = emulate(self.fleet, self.plan, self.strategy, self.plan.model, self.train_set,
+                                      self.test_set, self.shares, spec.settings(), spec.device, on_round, toa=spec.toa,
+                                      initial_state=self.initial, transport=transport, state=state)
         server.save(spec.output / "weights.pt")
         return records
 

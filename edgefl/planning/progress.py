@@ -7,8 +7,11 @@ effective movement normalises it by the distance travelled,
     EM_k = D_{B,k}^H / sum_{s in B} sum_{h=0}^{H-1} |U_s^{k-h}|    (in [0, 1]; 0 when nothing moved),
 
 near 1 while every scalar moves steadily one way and near 0 once they oscillate around an optimum. A
-block freezes when the least-squares slope of EM over the last `window` evaluations stays below phi for
-W consecutive evaluations. An evaluation is a round k with at least H + window - 1 earlier rounds.
+block freezes once EM has flattened: the least-squares slope of EM over the last `window` evaluations is
+below phi in magnitude, |slope| < phi, for W consecutive evaluations. The paper's "slope below phi" (sec.
+3.3) read with its sign would freeze on any falling EM, i.e. while the block still converges fast; the
+paper means the converged, flat state ("approach 0", sec. 3.3; EM "decreases until reaching a converged
+state", sec. 4.4). An evaluation is a round k with at least H + window - 1 earlier rounds.
 
 No torch: snapshots are arrays, tensors (anything numpy converts) or dicts of them (a block's state).
 """
@@ -64,8 +67,8 @@ def slopes(history: Sequence[Any], H: int, window: int = 5) -> list[float]:
 
 
 def should_freeze(history: Sequence[Any], H: int, W: int, phi: float, window: int = 5) -> bool:
-    """True when the slope stayed below phi for the last W consecutive evaluations."""
+    """True when EM stayed flat, |slope| < phi, for the last W consecutive evaluations."""
     if W < 1:
         raise ValueError(f"W must be >= 1, got {W}")
     recent = slopes(history, H, window)[-W:]
-    return len(recent) == W and all(s < phi for s in recent)
+    return len(recent) == W and all(abs(s) < phi for s in recent)

@@ -14,6 +14,7 @@ from typing import Optional
 
 from edgefl.errors import ConfigError
 from edgefl.planning.plan import Plan
+from edgefl.server.history import read_history
 from edgefl.units import format_bytes
 
 NOT_RECORDED = "not recorded"
@@ -49,15 +50,15 @@ class Run:
 
 def load_run(folder: Path) -> Run:
     try:
-        history = json.loads((folder / "history.json").read_text())
+        history = {"rounds": read_history(folder / "history.json")}
     except OSError:
         if (folder / "plan.json").is_file():
             raise ConfigError(f"{folder}: no round finished (it holds the plan but no history.json): the run stopped "
                               "before its first round ended, or is in it; report it once a round has finished") from None
         raise ConfigError(f"{folder}: no history.json; give a folder written by 'edgefl emulate -o' or "
                           "'edgefl serve'") from None
-    except ValueError as exc:
-        raise ConfigError(f"{folder}/history.json: not JSON ({exc})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{folder}/history.json: not a run history ({type(exc).__name__}: {exc})") from None
     config = {}
     if (folder / "config.json").is_file():
         try:

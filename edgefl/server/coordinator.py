@@ -57,6 +57,7 @@ class ServerModel(Protocol):
     def apply(self, running: Accumulator) -> None: ...        # the global state becomes its result
     def aggregate(self, contributions: list, mode: str) -> None: ...
     def evaluate(self) -> dict: ...
+    def edit(self, change: object) -> dict: ...     # a strategy's change of the global state; what was done
     def evaluate_groups(self) -> dict[str, float]: ...
     def snapshot(self) -> dict: ...                 # global tensors as numpy arrays (for checkpoints)
     def restore(self, tensors: Mapping[str, object]) -> None: ...
@@ -98,11 +99,13 @@ class Coordinator:
         self.group_of = {d: g.name for g in fleet.groups for d in g.device_ids}
         self.devices = sorted(self.group_of)
         self.history: list[RoundRecord] = []
+        self._history_json: list[dict] = []     # the same, as the state's history file holds it (each converted once)
 
     def sample(self, round: int) -> list[str]:
         rng = random.Random(self.settings.seed * 1_000_003 + round)
-        k = min(self.settings.clients_per_round, len(self.devices))
-        return sorted(rng.sample(self.devices, k))
+        pool = self.strategy.pool(self.plan, round)
+        devices = self.devices if pool is None else [d for d in self.devices if self.group_of[d] in pool]
+        return sorted(rng.sample(devices, min(self.settings.clients_per_round, len(devices))))
 
     def resume(self) -> int:
         """Restore the last checkpoint of `state` (global tensors, strategy, history); the next round to run."""
@@ -112,6 +115,7 @@ class Coordinator:
         last, weights, self.strategy, history = saved
         self.server.restore(weights)
         self.history = [record_from_json(d) for d in history]
+        self._history_json = list(history)
         return last + 1
 
     def run(self, start_round: Optional[int] = None) -> list[RoundRecord]:
@@ -123,7 +127,8 @@ class Coordinator:
         for r in range(first, self.settings.rounds + 1):
             self.history.append(self.round(r))
             if self.state is not None:
-                self.state.save(r, self.server.snapshot(), self.strategy, [record_to_json(h) for h in self.history])
+                self._history_json.append(record_to_json(self.history[-1]))
+                self.state.save(r, self.server.snapshot(), self.strategy, self._history_json)
             if self.on_round:
                 self.on_round(self.history[-1])
         return self.history
@@ -192,13 +197,18 @@ class Coordinator:
             if not intake.took(report):     # made up at the end (failed: gone offline) or held back (duplicates)
                 intake.take(report)
         intake.close(self.group_of, self.settings.min_reports)
-        self.strategy.after_round(r, record, self.server.state)
+        self.strategy.after_round(r, record, self.server.state, edit=self._edit)
         if r % self.settings.eval_every == 0 or r == self.settings.rounds:
             metrics = self.server.evaluate()
             record.accuracy, record.loss = metrics.get("accuracy"), metrics.get("loss")
             record.group_accuracy = self.server.evaluate_groups()
         record.wall_s = time.perf_counter() - t0
         return record
+
+
+    def _edit(self, change: object) -> tuple[Mapping[str, object], dict]:
+        done = self.server.edit(change)
+        return self.server.state, done
 
 
 class _Intake:

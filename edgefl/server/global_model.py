@@ -59,7 +59,7 @@ class TorchServerModel:
                  static_bn: Optional[tuple[np.ndarray, int]] = None):
         torch.manual_seed(seed)
         self.ref, self.test, self.trainer, self.groups, self.toa = ref, test, trainer, dict(groups or {}), toa
-        self.clip_norm, self.evaluated, self.static_bn = clip_norm, evaluated, static_bn
+        self.clip_norm, self.evaluated, self.static_bn, self.seed = clip_norm, evaluated, static_bn, seed
         self._estimated: Optional[tuple] = None     # (state, judged, model, config): one sBN estimate per state
         self.state = {k: v.detach().clone() for k, v in (initial or build(ref).state_dict()).items()}
 
@@ -188,6 +188,15 @@ class TorchServerModel:
 
     def evaluate(self) -> dict:
         return {} if self.test is None else self._evaluate(self.test.x, self.test.y)
+
+    def edit(self, change) -> dict:
+        """A change of the global state a strategy asks for between rounds (ProFL's output modules,
+        edgefl.server.output_modules), made on the devices' data this server holds; what was done."""
+        from edgefl.server.output_modules import compose
+
+        x = np.concatenate([x for x, _ in self.groups.values()]) if self.groups else None
+        self.state, done = compose(self.state, self.ref, change, x, self.seed)
+        return done
 
     def evaluate_groups(self) -> dict[str, float]:
         """Accuracy of the global (full) model on a seeded sample of each group's local training data: how

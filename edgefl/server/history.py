@@ -1,12 +1,26 @@
-"""A run's history: one record per round, written as history.json beside the run's config and plan."""
+"""A run's history: one record per round, written as history.json beside the run's config and plan.
+
+history.json is `{"schema": ..., "rounds": [...]}` with one record per line, so a run grows it one round
+at a time (`HistoryFile.append`: the record and the list's closing are written over the old closing) and
+every reader keeps reading it as one JSON document (`read_history`). A round costs its own record, not the
+whole history: a run of R rounds writes O(R) bytes, where rewriting the file each round wrote O(R^2).
+
+API for whatever writes or reads a run's history:
+    HistoryFile(path, records=())   start (or restart, from a checkpoint) the file with these records
+    HistoryFile.append(record)      add one round (a dict: `record_to_json(RoundRecord)`)
+    write_history(records, path)    the whole history at once (RoundRecords)
+    read_history(path)              the records as dicts
+"""
 from __future__ import annotations
 
 import json
+import os
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from edgefl.outdir import write_atomic
+from edgefl.outdir import storage_error, write_atomic
 
 SCHEMA = "edgefl.history/1"
 
@@ -56,5 +70,46 @@ def history_json(records: list[RoundRecord]) -> dict:
     return {"schema": SCHEMA, "rounds": [record_to_json(r) for r in records]}
 
 
+_HEAD = ('{"schema": "%s", "rounds": [' % SCHEMA).encode()
+_FOOT = b"\n]}\n"
+
+
+class HistoryFile:
+    """history.json kept up to date a round at a time; valid JSON after every append."""
+
+    def __init__(self, path: str | Path, records: Sequence[dict] = ()):
+        self.path = Path(path)
+        body = b"".join(self._line(r, i) for i, r in enumerate(records))
+        write_atomic(self.path, _HEAD + body + _FOOT, durable=False)
+        self.count = len(records)
+
+    @staticmethod
+    def _line(record: dict, index: int) -> bytes:
+        return (b"," if index else b"") + b"\n" + json.dumps(record).encode()
+
+    def append(self, record: dict) -> None:
+        data = self._line(record, self.count) + _FOOT
+        try:
+            with open(self.path, "r+b") as f:
+                f.seek(-len(_FOOT), os.SEEK_END)
+                f.write(data)
+        except OSError as exc:
+            raise storage_error(self.path, exc, len(data)) from None
+        self.count += 1
+
+
 def write_history(records: list[RoundRecord], path: str | Path) -> None:
-    write_atomic(Path(path), (json.dumps(history_json(records), indent=1) + "\n").encode(), durable=False)
+    HistoryFile(path, [record_to_json(r) for r in records])
+
+
+def read_history(path: str | Path, tries: int = 3) -> list[dict]:
+    """The records of a history.json (OSError, ValueError or KeyError when it is missing or not one). A
+    reader that meets the file while a round is appended to it (its last bytes being rewritten) reads again."""
+    for attempt in range(tries):
+        try:
+            return json.loads(Path(path).read_text())["rounds"]
+        except ValueError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.05)
+    raise AssertionError("unreachable")

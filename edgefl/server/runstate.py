@@ -6,7 +6,9 @@ Layout of the state folder:
                             "sha256": {file: its sha256}}
     weights-<r>.npz        global tensors after round r's aggregation
     strategy-<r>.pkl       the strategy object after round r (its online decisions: ProFL's step, ...)
-    history.json           one record per completed round
+    history.json           one record per completed round, appended as each completes (it may sit in another
+                           folder: an emulated run keeps its checkpoint in <run>/checkpoint/ and its history
+                           in the run folder)
     journal/<r>/<dev>.npz  reports of the round in progress, written as each is accepted (its summary names
                            its device and round)
 
@@ -19,7 +21,9 @@ journal of a round is dropped once that round's checkpoint exists.
 Every write is whole or absent (edgefl.outdir.write_atomic; a full disk is one line naming the folder). A
 resumed run reads its state only after checking it: the checkpoint's files against their sha256, the
 history's rounds against the checkpoint's round, each journal file's device and round against its name. A
-state that fails is refused with the file to look at, never resumed from silently wrong.
+state that fails is refused with the file to look at, never resumed from silently wrong. A run that
+replays a lost round exactly (emulation: every random draw is seeded by run and round) needs no journal
+(`journal=False`).
 """
 from __future__ import annotations
 
@@ -30,13 +34,14 @@ import pickle
 import zipfile
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
 from edgefl.errors import StorageError
 from edgefl.messages import DeviceReport
 from edgefl.outdir import write_atomic
+from edgefl.server.history import HistoryFile, read_history
 
 if TYPE_CHECKING:     # the strategy is pickled whole: its module is the pickle's business
     from edgefl.planning.strategies.base import Strategy
@@ -62,19 +67,27 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 class RunState:
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, history: Optional[str | Path] = None, journal: bool = True):
         self.folder = Path(folder)
+        self.history_path = Path(history) if history is not None else self.folder / "history.json"
+        self.keeps_journal = journal
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / "journal").mkdir(exist_ok=True)
+        if journal:
+            (self.folder / "journal").mkdir(exist_ok=True)
+        self._history_file: Optional[HistoryFile] = None    # opened by `load` or the first `save`
 
     # ------------------------------------------------------------------------------ checkpoints
-    def save(self, round: int, weights: Mapping[str, Any], strategy: object, history: list[dict]) -> None:
+    def save(self, round: int, weights: Mapping[str, Any], strategy: object, history: Sequence[dict]) -> None:
+        """Checkpoint round `round`; `history`: the run's records so far, of which those the history file
+        lacks are appended (a round costs its own record)."""
         names = {"weights": f"weights-{round}.npz", "strategy": f"strategy-{round}.pkl"}
         files = {names["weights"]: _npz_bytes(weights), names["strategy"]: pickle.dumps(strategy)}
         for name, data in files.items():
             write_atomic(self.folder / name, data)
-        write_atomic(self.folder / "history.json", json.dumps({"schema": "edgefl.history/1", "rounds": history},
-                                                             indent=1).encode())
+        if self._history_file is None:
+            self._history_file = HistoryFile(self.history_path)
+        for record in history[self._history_file.count:]:
+            self._history_file.append(record)
         sums = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
         write_atomic(self.folder / "checkpoint.json",
                      json.dumps({"schema": SCHEMA, "round": round, **names, "sha256": sums}).encode())
@@ -115,6 +128,7 @@ class RunState:
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
             raise StorageError(f"{self.folder / meta['strategy']}: unreadable ({exc}): {FIX}") from None
         history = self._history(round)
+        self._history_file = HistoryFile(self.history_path, history)   # drops rounds after the checkpoint
         self.check_journal(after=round)
         return round, weights, strategy, history
 
@@ -133,9 +147,9 @@ class RunState:
 
     def _history(self, round: int) -> list[dict]:
         """The history's records of rounds 1..round, which it must hold in order."""
-        path = self.folder / "history.json"
+        path = self.history_path
         try:
-            history = json.loads(path.read_text())["rounds"]
+            history = read_history(path)
             numbers = [r["round"] for r in history]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StorageError(f"{path}: unreadable ({exc}): {FIX}") from None
@@ -147,6 +161,8 @@ class RunState:
 
     # ---------------------------------------------------------------------------------- journal
     def journal(self, report: DeviceReport) -> None:
+        if not self.keeps_journal:
+            return
         folder = self.folder / "journal" / str(report.round)
         folder.mkdir(parents=True, exist_ok=True)
         summary = {k: v for k, v in asdict(report).items() if k != "tensors"}
@@ -157,7 +173,7 @@ class RunState:
     def journaled_devices(self, round: int) -> list[str]:
         """The devices whose report of `round` the journal holds, without reading the reports."""
         folder = self.folder / "journal" / str(round)
-        return sorted(p.stem for p in folder.glob("*.npz")) if folder.exists() else []
+        return sorted(p.stem for p in folder.glob("*.npz")) if self.keeps_journal and folder.exists() else []
 
     def journaled(self, round: int) -> Iterator[DeviceReport]:
         """The journaled reports of `round`, by device, each read from disk when it is reached (a restarted
@@ -183,6 +199,8 @@ class RunState:
     def check_journal(self, after: int = 0) -> None:
         """Every journal file readable and under its own device and round (StorageError naming the first that
         is not); a journal of a round the checkpoint already holds is stale and dropped."""
+        if not self.keeps_journal:
+            return
         for folder in sorted((self.folder / "journal").iterdir()):
             if not folder.name.isdigit():
                 continue
@@ -193,6 +211,8 @@ class RunState:
         self._drop_journal(upto=after)
 
     def _drop_journal(self, upto: int) -> None:
+        if not self.keeps_journal:
+            return
         for folder in (self.folder / "journal").iterdir():
             if folder.name.isdigit() and int(folder.name) <= upto:
                 for f in folder.iterdir():

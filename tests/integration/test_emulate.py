@@ -201,7 +201,7 @@ def test_an_existing_run_folder_is_refused_and_force_replaces_it(tmp_path, fleet
     r = subprocess.run(emulate_cli(fleet, out, "--force", rounds=1), capture_output=True, text=True, timeout=300,
                        env=os.environ)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "history.json", "plan.json", "weights.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "config.json", "history.json", "plan.json", "weights.pt"]
     assert [x["round"] for x in json.loads((out / "history.json").read_text())["rounds"]] == [1]
 
 

@@ -38,7 +38,7 @@ def test_slope_is_least_squares():
     assert slope([0, 1, 0, 1]) == pytest.approx(np.polyfit(range(4), [0, 1, 0, 1], 1)[0])
 
 
-def test_movement_rises_then_falls_and_freezing_follows_the_fall():
+def test_movement_rises_then_falls_and_freezing_waits_until_it_is_flat():
     theta = trajectory()
     em = movement_series(theta, H)            # em[i] is round H + i
 
@@ -48,12 +48,17 @@ def test_movement_rises_then_falls_and_freezing_follows_the_fall():
     assert np.all(np.diff(em[: peak + 1]) > 0)      # rises ...
     assert np.all(np.diff(em[peak:]) <= 1e-12)      # ... then falls
 
-    # With a window of 3 the slope at round k is (EM_k - EM_{k-2}) / 2. EM peaks at round H + peak = 8;
-    # EM_9 < EM_7, so the slope is negative from round 9 on: the third such evaluation is round 11.
-    assert H + peak == 8 and em[9 - H] < em[7 - H] and em[8 - H] > em[6 - H]
+    # With a window of 3 the slope at round k is (EM_k - EM_{k-2}) / 2. EM peaks at round H + peak = 8 and
+    # falls fast after it (slope -0.23 at round 12): falling is not flat, so nothing freezes there (a rule
+    # reading "slope < phi" with its sign froze at round 11, EM still 0.22). |slope| < phi first holds at
+    # round 17 (-0.0096), so the third flat evaluation in a row is round 19.
+    ev = slopes(theta, H, WINDOW)                     # ev[i] is round H + WINDOW - 1 + i
+    first = H + WINDOW - 1
+    assert all(s < -PHI for s in ev[11 - first: 17 - first])             # falling fast, rounds 11-16
+    assert all(abs(s) < PHI for s in ev[17 - first: 20 - first])         # flat from round 17
     fired = [k for k in range(len(theta)) if should_freeze(theta[: k + 1], H, W, PHI, WINDOW)]
-    assert fired[0] == 11
-    assert all(s < PHI for s in slopes(theta[: 12], H, WINDOW)[-W:])
+    assert fired[0] == 19
+    assert em[19 - H] < 0.01 < 0.2 < em[11 - H]
 
 
 def test_not_enough_evaluations_never_freezes():

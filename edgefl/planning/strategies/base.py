@@ -113,6 +113,11 @@ class Strategy:
         """The step a device of `group` trains in `round`; the plan's, unless a method decides online."""
         return plan.groups[group].step_at(round)
 
+    def pool(self, plan: Plan, round: int) -> Optional[set[str]]:
+        """The groups `round`'s devices are drawn from (None: every group): a method that trains only the
+        devices able to take part draws from those alone (ProFL)."""
+        return None
+
     def idle_reason(self, plan: Plan, round: int, group: str) -> str:
         """Why a device of `group` trains nothing in `round` (configure_round gave it no step)."""
         return plan.groups[group].idle_reason(round)
@@ -129,9 +134,11 @@ class Strategy:
         Asked at every evaluation: a method whose trained model moves over the run (ProFL) answers for now."""
         return None
 
-    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None) -> None:
+    def after_round(self, round: int, record, state: Optional[Mapping[str, Any]] = None,
+                    edit: Optional[Callable[[Any], tuple[Mapping[str, Any], dict]]] = None) -> None:
         """Online decisions after aggregation (ProFL's block freezing). `state`: the new global tensors by
-        name (read them with numpy); write what was decided into `record.decisions`."""
+        name (read them with numpy); write what was decided into `record.decisions`. `edit(change)`: the
+        server changes the global state as asked (ProFL's output modules) and answers (new state, what it did)."""
 
     def new_plan(self, ctx: PlanContext, groups: dict[str, GroupPlan], notes: Sequence[str] = ()) -> Plan:
         runtimes = sorted({g.runtime for g in groups.values()})
