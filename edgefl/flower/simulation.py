@@ -3,8 +3,8 @@
 What `edgefl emulate` does, with Flower in the middle: `EmulatedRun.start` checks the options, loads the
 data, plans the fleet and writes config.json and plan.json; then `flwr.simulation.run_simulation` runs a
 ServerApp whose strategy is `EdgeflStrategy` and a ClientApp of edgefl devices (edgefl.flower.client) on one
-Flower supernode per device, in the actors of Flower's Ray backend. history.json is rewritten after every
-round, weights.pt and flower_messages.json (what each train message and its reply carried) at the end, so `edgefl report` reads the folder as it reads an emulated run.
+Flower supernode per device, in the actors of Flower's Ray backend. history.json gets each
+round as it ends, weights.pt and flower_messages.json (what each train message and its reply carried) at the end, so `edgefl report` reads the folder as it reads an emulated run.
 Same seed, same results as `edgefl emulate`: the same round loop samples, plans, slices and aggregates, and
 each node trains with the emulated device's code, rows, seed and torch thread count.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgefl.errors import ConfigError
-from edgefl.server.history import write_history
+from edgefl.server.history import HistoryFile, record_to_json
 
 CLIENT_CPUS = 1          # Ray CPUs each simulated client reserves: the pool holds one actor per CPU
 TIMEOUT_S = 3600.0       # a round's replies must arrive within this
@@ -80,10 +80,13 @@ class RunFolder:
         self.output, self.on_round = output, on_round
         self.records: list = []
         self.strategy = None
+        self.history: HistoryFile | None = None
 
     def round(self, record) -> None:
         self.records.append(record)
-        write_history(self.records, self.output / "history.json")
+        if self.history is None:
+            self.history = HistoryFile(self.output / "history.json")
+        self.history.append(record_to_json(record))     # a round at a time: a long run does not rewrite it whole
         self.on_round(record)
 
     def finish(self, strategy) -> None:
