@@ -29,7 +29,7 @@ from edgefl.flower.records import array_record, import_flwr, report_of, train_co
 from edgefl.messages import RoundInstruction
 from edgefl.transport import Transport
 
-NODES_TIMEOUT_S = 120.0      # every node of the fleet must have joined the run within this
+NODES_TIMEOUT_S = 300.0      # every node of the fleet must have joined the run and said its device within this
 
 
 class FlowerRelay(Transport):
@@ -137,13 +137,16 @@ class EdgeflStrategy(_strategy_base()):
                 raise TransportError(f"{len(nodes)} Flower nodes joined, the fleet has {len(devices)} devices: run "
                                      f"one supernode per device (--num-supernodes {len(devices)})")
             time.sleep(0.05)
-        asks = [app.Message(app.RecordDict({"ask": app.ConfigRecord({"what": PARTITION_ID})}), dst_node_id=n,
-                            message_type=app.MessageType.QUERY) for n in nodes]
-        for reply in grid.send_and_receive(asks, timeout=self.nodes_timeout_s):
-            if reply.has_error():
-                raise TransportError(f"node {reply.metadata.src_node_id} did not say which device it is: "
-                                     f"{reply.error.reason}")
-            self.node_of[str(reply.content["node"]["device-id"])] = reply.metadata.src_node_id
+        # a node's first answer waits for its ClientApp to load (torch, the data): on a busy machine some miss
+        # one exchange's timeout, so the silent ones are asked again until the one deadline
+        while (silent := set(nodes) - set(self.node_of.values())) and time.monotonic() < deadline:
+            asks = [app.Message(app.RecordDict({"ask": app.ConfigRecord({"what": PARTITION_ID})}), dst_node_id=n,
+                                message_type=app.MessageType.QUERY) for n in sorted(silent)]
+            for reply in grid.send_and_receive(asks, timeout=max(1.0, min(30.0, deadline - time.monotonic()))):
+                if reply.has_error():
+                    raise TransportError(f"node {reply.metadata.src_node_id} did not say which device it is: "
+                                         f"{reply.error.reason}")
+                self.node_of[str(reply.content["node"]["device-id"])] = reply.metadata.src_node_id
         if set(self.node_of) != set(devices):
             raise TransportError(f"no Flower node is device {sorted(set(devices) - set(self.node_of))[:3]}")
 

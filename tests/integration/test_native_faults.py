@@ -39,6 +39,7 @@ UNDER = {"runtimes": {"executorch": {"baseline_bytes": MiB, "workspace_fixed_byt
                                      "device_bytes": 0, "families": []}}}
 PACKET = 32 * 1024      # the broker's packet limit: a file travels in ~32 KiB chunks, dozens of them
 ROUNDS = 2
+EXPORT_WAIT_S = 600    # serve exports the ExecuTorch sets before round 1: minutes on a busy 2-core machine
 
 
 class Watcher:
@@ -148,7 +149,7 @@ def faulted(tmp_path_factory) -> dict:
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             # round 1: one chunk of the largest new file flipped on the broker
-            wait_for(lambda: watcher.held.is_set() and watcher.instructed(1) or serve.poll() is not None, 240,
+            wait_for(lambda: watcher.held.is_set() and watcher.instructed(1) or serve.poll() is not None, EXPORT_WAIT_S,
                      "round 1's files and instruction")
             target = largest(watcher.new_files())
             seq = len(target["chunks"]) // 2
@@ -159,7 +160,7 @@ def faulted(tmp_path_factory) -> dict:
             got["corrupted_resumed"] = watcher.resumed
 
             # round 2: the broker goes down with a third of the largest new file delivered, and comes back
-            wait_for(lambda: watcher.held.is_set() and watcher.instructed(2) or serve.poll() is not None, 240,
+            wait_for(lambda: watcher.held.is_set() and watcher.instructed(2) or serve.poll() is not None, EXPORT_WAIT_S,
                      "round 2's files and instruction")
             target = largest(watcher.new_files())
             count = len(target["chunks"])
