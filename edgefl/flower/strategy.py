@@ -58,7 +58,8 @@ class FlowerRelay(Transport):
 
 class _Watched:
     """The method's strategy, unchanged, but for a copy of the global state after each round's aggregation
-    (`after_round` sees it): what `aggregate_train` returns as Flower's ArrayRecord."""
+    (`after_round` sees it) and after each change the method makes to it then: what `aggregate_train` returns as
+    Flower's ArrayRecord."""
 
     def __init__(self, strategy, seen: Callable):
         self._strategy, self._seen = strategy, seen
@@ -66,9 +67,18 @@ class _Watched:
     def __getattr__(self, name):
         return getattr(self._strategy, name)
 
-    def after_round(self, r, record, state):
-        self._seen({k: v.detach().cpu().numpy().copy() for k, v in state.items()})
-        return self._strategy.after_round(r, record, state)
+    def after_round(self, r, record, state, edit=None):
+        self._seen(_copied(state))
+
+        def edited(change):           # the method changed the global state (ProFL's output modules): Flower gets that
+            new_state, done = edit(change)
+            self._seen(_copied(new_state))
+            return new_state, done
+        return self._strategy.after_round(r, record, state, edit=edited if edit is not None else None)
+
+
+def _copied(state) -> dict:
+    return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
 
 
 def _strategy_base():
