@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -46,6 +47,12 @@ Fallbacks& fallbacks() {
   static Fallbacks f;
   return f;
 }
+
+// calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
+// tensors never match the keys runs on the shipped kernels alone, and shows it
+enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kOps };
+const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean"};
+uint64_t calls[kOps] = {};
 
 bool plain_float(const Tensor& t) {
   return t.scalar_type() == ScalarType::Float && executorch::runtime::tensor_is_contiguous(t) && t.numel() > 0;
@@ -131,6 +138,7 @@ void permute_copy_out(KernelRuntimeContext& context, Span<EValue*> stack) {
     if (out.size(i) != size[i]) return fallbacks().permute(context, stack);
   }
   permute(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), size, stride);
+  calls[kPermute]++;
 }
 
 // A tensor as (outer, size along dim, inner): what slicing and concatenating along `dim` move in blocks.
@@ -186,6 +194,7 @@ void slice_copy_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   if (o.outer != a.outer || o.inner != a.inner || (o.along && start + (o.along - 1) * step >= a.along))
     return fallbacks().slice(context, stack);
   move_rows(out.mutable_data_ptr<float>(), const_cast<float*>(in.const_data_ptr<float>()), o, a, start, step, true);
+  calls[kSlice]++;
 }
 
 // slice_scatter.out(self, src, dim, start, end, step, out)
@@ -204,6 +213,7 @@ void slice_scatter_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   float* o = out.mutable_data_ptr<float>();
   if (o != in.const_data_ptr<float>()) std::memcpy(o, in.const_data_ptr<float>(), in.numel() * sizeof(float));
   move_rows(const_cast<float*>(src.const_data_ptr<float>()), o, s, a, start, step, false);
+  calls[kScatter]++;
 }
 
 // cat.out(tensors, dim, out)
@@ -232,6 +242,7 @@ void cat_out(KernelRuntimeContext& context, Span<EValue*> stack) {
     for (int64_t i = 0; i < o.outer; i++) std::memcpy(dst + i * row + offset, src + i * block, block * sizeof(float));
     offset += block;
   }
+  calls[kCat]++;
 }
 
 // max.dim_max(self, dim, keepdim, *, max, max_values): the largest value along dim and the index of its
@@ -265,6 +276,7 @@ void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack) {
       ix[o * a.inner + i] = at;
     }
   }
+  calls[kMax]++;
 }
 
 // Sums over the reduced dimensions in input order: merged into alternating kept/reduced groups, each output
@@ -341,7 +353,8 @@ bool reduce(Span<EValue*> stack, int64_t* count) {
 
 void sum_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   int64_t count = 0;
-  if (!reduce(stack, &count)) fallbacks().sum(context, stack);
+  if (!reduce(stack, &count)) return fallbacks().sum(context, stack);
+  calls[kSum]++;
 }
 
 void mean_out(KernelRuntimeContext& context, Span<EValue*> stack) {
@@ -351,6 +364,7 @@ void mean_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   float* o = out.mutable_data_ptr<float>();
   const float n = static_cast<float>(count);
   for (int64_t i = 0; i < out.numel(); i++) o[i] = o[i] / n;
+  calls[kMean]++;
 }
 
 // Kernel key strings live as long as the registry (the process): it keeps pointers to them.
@@ -380,6 +394,12 @@ OpFunction shipped(const char* name) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, uint64_t>> fast_kernel_calls() {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (int i = 0; i < kOps; i++) out.emplace_back(kOpNames[i], calls[i]);
+  return out;
+}
 
 bool register_fast_kernels() {
   static bool done = false;

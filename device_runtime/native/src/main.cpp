@@ -238,6 +238,9 @@ Json run(const Options& o) {
   report["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report["threads"] = o.threads;
   report["kernels"] = o.kernels;
+  Json calls = Json::object();
+  for (const auto& [name, n] : fast_kernel_calls()) calls[name] = n;
+  report["edgefl_kernel_calls"] = calls;
   report["torch_loaded"] = false;
   return report;
 }
