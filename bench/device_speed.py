@@ -222,7 +222,8 @@ def main() -> int:
     backends = [b for b, r in (("executorch", "native"), ("executorch", "native_shipped"), ("ort", "ort"),
                                ("torch", "torch_set")) if r in runtimes]
     result = {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": os.cpu_count(),
-              "threads": 1, "steps": args.steps, "runs": args.runs, "batch_size": BATCH, "sets": {}}
+              "threads": 1, "steps": args.steps, "runs": args.runs, "batch_size": BATCH,
+              "load_average_at_start": os.getloadavg()[0], "sets": {}}
     for name in sets:
         print(name, flush=True)
         paths = prepare(name, work, tuple(dict.fromkeys(backends)))
@@ -230,6 +231,7 @@ def main() -> int:
         if args.qemu and "native" in row and "native_shipped" in row:
             row["aarch64_qemu_relative"] = qemu_column(name, paths, row, max(3, args.steps // 3), args.runs)
         result["sets"][name] = row
+        result["load_average_at_end"] = os.getloadavg()[0]     # a shared machine: how busy it was
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")      # each set as it finishes
     print(f"wrote {args.out}")
