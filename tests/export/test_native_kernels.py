@@ -35,9 +35,9 @@ def test_edgefl_kernels_train_bit_for_bit_as_the_shipped_ones(ref, config, toler
         assert np.array_equal(np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy"))
     assert not any(shipped["edgefl_kernel_calls"].values())
     calls = ours["edgefl_kernel_calls"]
-    # every set's graph transposes (autograd's products) and slices; the convolutions' im2col concatenates and
-    # its backward scatters slices
-    assert calls["permute_copy"] > 0 and calls["slice_copy"] > 0, calls
+    # every set's graph transposes (autograd's products); the convolutions' im2col slices and concatenates, and
+    # its backward scatters slices (the transformer has no convolution, so no slice)
+    assert calls["permute_copy"] > 0 and (ref is LM or calls["slice_copy"] > 0), calls
     assert sum(calls.values()) >= 4 * STEPS, calls
 
 
