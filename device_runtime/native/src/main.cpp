@@ -2,6 +2,7 @@
 //
 //   edgefl-et-train --artifacts SET --data DATA [--out upload.npy] [--lr 0.05] [--seed 0]
 //                   [--epochs 1 [--max-examples K] | --steps N] [--eval-examples 0] [--threads 1] [--losses]
+//                   [--kernels edgefl|shipped]
 //
 // Batches follow edgefl's device schedule (docs/artifact-format.md): --epochs E passes, each over
 // numpy's default_rng(seed).permutation(examples), cut to its first K (--max-examples: the examples the
@@ -23,6 +24,7 @@
 #include "artifact_set.h"
 #include "errors.h"
 #include "et_trainer.h"
+#include "fast_kernels.h"
 #include "json_fields.h"
 #include "local_data.h"
 #include "npy.h"
@@ -38,7 +40,7 @@ namespace {
 const char* const USAGE =
     "usage: edgefl-et-train --artifacts SET --data DATA [--out UPLOAD.npy] [--lr LR] [--seed S]\n"
     "                       [--epochs E [--max-examples K] | --steps N] [--eval-examples N] [--threads T]\n"
-    "                       [--losses] [--no-verify]\n";
+    "                       [--losses] [--no-verify] [--kernels edgefl|shipped]\n";
 
 struct Options {
   std::string artifacts, data, out;
@@ -46,6 +48,9 @@ struct Options {
   uint64_t seed = 0;
   int64_t epochs = 1, steps = 0, eval_examples = 0, threads = 1, max_examples = 0;
   bool losses = false, verify = true;
+  // edgefl: edgefl's float32 kernels ahead of the shipped ones (fast_kernels.h); shipped: the wheel's alone
+  // (the benchmark compares the two in one run)
+  std::string kernels = "edgefl";
 };
 
 int64_t integer(const std::string& flag, const std::string& value, int64_t minimum) {
@@ -76,6 +81,11 @@ Options parse(int argc, char** argv) {
     else if (flag == "--max-examples") o.max_examples = integer(flag, value, 1);
     else if (flag == "--eval-examples") o.eval_examples = integer(flag, value, 0);
     else if (flag == "--threads") o.threads = integer(flag, value, 1);
+    else if (flag == "--kernels") {
+      if (value != "edgefl" && value != "shipped")
+        throw UserError("--kernels: expected edgefl or shipped, got '" + value + "'");
+      o.kernels = value;
+    }
     else throw UserError(flag + ": unknown option\n" + USAGE);
   }
   if (o.artifacts.empty() || o.data.empty()) throw UserError(std::string("--artifacts and --data are required\n") + USAGE);
@@ -162,6 +172,9 @@ Json run(const Options& o) {
   PhasePeaks phases;
   const ArtifactSet set = open_artifact_set(o.artifacts, o.verify);
   LocalData data(o.data, set);
+  if (o.kernels == "edgefl" && !register_fast_kernels())
+    throw UserError("--kernels edgefl: the ExecuTorch runtime beside this trainer lacks permute_copy, sum or mean; "
+                    "rebuild with 'edgefl-device build-native' or pass --kernels shipped");
   EtTrainer trainer(set, static_cast<int>(o.threads));
   if (data.examples() < trainer.batch())
     throw UserError("--data " + o.data + ": " + std::to_string(data.examples()) + " examples; the program trains "
@@ -224,6 +237,10 @@ Json run(const Options& o) {
   report["step_seconds"] = train_s / std::max<size_t>(losses.size(), 1);
   report["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report["threads"] = o.threads;
+  report["kernels"] = o.kernels;
+  Json calls = Json::object();
+  for (const auto& [name, n] : fast_kernel_calls()) calls[name] = n;
+  report["edgefl_kernel_calls"] = calls;
   report["torch_loaded"] = false;
   return report;
 }

@@ -1,0 +1,242 @@
+"""Training step time and peak RSS of one device-side set per runtime, side by side on the same CPU.
+
+For each set (a model and its frozen prefix / head width, batch 32) the same suffix is trained `--steps` steps on
+the same local data by: the native ExecuTorch trainer with edgefl's kernels (`--kernels edgefl`, the default) and
+with the wheel's kernels alone (`--kernels shipped`, the trainer before them), ONNX Runtime and the torch set
+(`edgefl-device train`), and a plain PyTorch loop over the eager split model (torch.optim.SGD, no edgefl trainer
+in between). One thread everywhere. The runtimes run in turn, `--runs` rounds, so load on the machine falls on
+all of them alike; each figure is the median over the rounds, and every ratio is to the plain torch loop of the
+same rounds (and edgefl over shipped kernels for the native trainer). The native trainer's first and last loss
+with each kernel set are recorded: edgefl's kernels are meant to give the same numbers.
+
+`--qemu` adds the aarch64 column: the cross-built native trainer under qemu-user, both kernel sets. Emulation
+makes its absolute times meaningless; what it reports is each kernel set's step under qemu over the same set's
+x86 step, so an arm64-only regression of one kernel set shows as a ratio apart from the other's.
+
+    python bench/device_speed.py [--sets cnn-full,...] [--steps 30] [--runs 3] [--qemu] [--work DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+BATCH, EXAMPLES = 32, 256
+# name -> (model, layers, frozen prefix, head width)
+SETS = {"cnn-full": ("cnn", 4, 0, 1.0), "cnn-frozen2": ("cnn", 4, 2, 1.0),
+        "resnet20-full": ("resnet20", 20, 0, 1.0), "resnet20-frozen10": ("resnet20", 20, 10, 1.0),
+        "resnet20-frozen10-width0.25": ("resnet20", 20, 10, 0.25)}
+RUNTIMES = ("native", "native_shipped", "ort", "torch_set", "plain_torch")
+
+
+def config_of(name: str):
+    from edgefl.trainconfig import TrainConfig
+    _, layers, frozen, width = SETS[name]
+    return TrainConfig(num_layers=layers, frozen_prefix=frozen, head_start=None if width == 1 else frozen + 1,
+                       head_width=width, batch_size=BATCH)
+
+
+def state_of(model: str):
+    import torch
+
+    from edgefl.zoo import ModelRef, build
+    torch.manual_seed(0)
+    return build(ModelRef.of(model)).state_dict()
+
+
+def prepare(name: str, work: Path, backends=("executorch", "ort", "torch")) -> dict[str, Path]:
+    """Each backend's set exported once under `work` (reused by later runs), and the local data."""
+    import numpy as np
+
+    from edgefl.export.backends import get_backend
+    from edgefl.export.pipeline import export_set
+    from edgefl.zoo import ModelRef, build
+    model = SETS[name][0]
+    ref, out = ModelRef.of(model), {}
+    for backend in backends:
+        folder = work / name / backend
+        if not (folder / "manifest.json").is_file():
+            t0 = time.time()
+            export_set(ref, config_of(name), state_of(model), get_backend(backend), folder)
+            print(f"  exported {name} for {backend} in {time.time() - t0:.0f} s", flush=True)
+        out[backend] = folder
+    data = work / name / "data"
+    if not (data / "y.npy").is_file():
+        data.mkdir(parents=True, exist_ok=True)
+        m = build(ref)
+        rng = np.random.default_rng(0)
+        np.save(data / "x.npy", rng.standard_normal((EXAMPLES, *m.input_shape)).astype(np.float32))
+        np.save(data / "y.npy", rng.integers(0, m.num_classes, EXAMPLES))
+    out["data"] = data
+    return out
+
+
+def run_json(argv: list[str], env: dict | None = None) -> dict:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env={**os.environ, **(env or {})})
+    if r.returncode != 0:
+        raise RuntimeError(f"{Path(argv[0]).name}: " + (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1] if "{" in r.stdout.strip().splitlines()[-1] else r.stdout)
+
+
+def native_step(binary: Path, paths: dict, steps: int, kernels: str, prefix: list[str] = (),
+                env: dict | None = None) -> dict:
+    r = run_json([*prefix, str(binary), "--artifacts", str(paths["executorch"]), "--data", str(paths["data"]),
+                  "--steps", str(steps), "--threads", "1", "--kernels", kernels, "--seed", "0"],
+                 env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), **(env or {})})
+    return {"step_seconds": r["step_seconds"], "peak_rss_bytes": r["peak_rss_bytes"],
+            "loss_first": r["loss_first"], "loss_last": r["loss_last"]}
+
+
+def device_train_step(runtime: str, folder: Path, data: Path, steps: int) -> dict:
+    r = run_json([sys.executable, "-m", "edgefl.device_runtime.cli", "train", "--artifacts", str(folder),
+                  "--data", str(data), "--steps", str(steps), "--threads", "1", "--eval-examples", "0",
+                  "--runtime", runtime, "--trainer", "python", "--format", "json"])
+    return {"step_seconds": r["step_seconds"], "peak_rss_bytes": r["peak_rss_bytes"],
+            "loss_first": r["first_step_loss"], "loss_last": r["last_step_loss"]}
+
+
+def plain_torch_child(name: str, data: Path, steps: int) -> dict:
+    """The eager split model trained by a bare loop (this process: its own peak)."""
+    import numpy as np
+    import torch
+
+    from edgefl.export.split import split
+    from edgefl.server.submodel import index_sets
+    from edgefl.zoo import ModelRef
+    torch.set_num_threads(1)
+    ref, config = ModelRef.of(SETS[name][0]), config_of(name)
+    parts = split(ref, config, state_of(ref.name), index_sets(ref, config))
+    opt = torch.optim.SGD(parts.suffix.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-5)
+    x, y = np.load(data / "x.npy"), np.load(data / "y.npy")
+    rng, losses = np.random.default_rng(0), []
+    parts.suffix.train()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        idx = np.sort(rng.permutation(len(x))[:BATCH])
+        features = parts.features(torch.from_numpy(x[idx]))
+        loss, _ = parts.suffix(*features, torch.from_numpy(y[idx]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    step_s = (time.perf_counter() - t0) / steps
+    hwm = [int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+    return {"step_seconds": step_s, "peak_rss_bytes": hwm[0] if hwm else resource.getrusage(0).ru_maxrss * 1024,
+            "loss_first": losses[0], "loss_last": losses[-1]}
+
+
+def plain_torch_step(name: str, data: Path, steps: int) -> dict:
+    return run_json([sys.executable, __file__, "--plain-child", name, "--data", str(data), "--steps", str(steps)],
+                    env={"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
+
+
+def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, runtimes: list[str]) -> dict:
+    samples = {r: [] for r in runtimes}
+    for i in range(runs):
+        for runtime in runtimes:            # in turn: each round sees every runtime under the same load
+            if runtime == "native":
+                s = native_step(binary, paths, steps, "edgefl")
+            elif runtime == "native_shipped":
+                s = native_step(binary, paths, steps, "shipped")
+            elif runtime == "ort":
+                s = device_train_step("ort", paths["ort"], paths["data"], steps)
+            elif runtime == "torch_set":
+                s = device_train_step("torch", paths["torch"], paths["data"], steps)
+            else:
+                s = plain_torch_step(name, paths["data"], steps)
+            samples[runtime].append(s)
+            print(f"  {name} run {i + 1} {runtime:15} {s['step_seconds'] * 1e3:8.1f} ms  "
+                  f"peak {s['peak_rss_bytes'] / 2**20:6.1f} MiB", flush=True)
+    row = {}
+    for runtime, ss in samples.items():
+        row[runtime] = {"step_ms": statistics.median(s["step_seconds"] for s in ss) * 1e3,
+                        "step_ms_runs": [s["step_seconds"] * 1e3 for s in ss],
+                        "peak_rss_bytes": int(statistics.median(s["peak_rss_bytes"] for s in ss)),
+                        "loss_first": ss[0]["loss_first"], "loss_last": ss[0]["loss_last"]}
+    if "plain_torch" in row:
+        base = row["plain_torch"]["step_ms"]
+        for runtime in row:
+            row[runtime]["over_plain_torch"] = row[runtime]["step_ms"] / base
+    if "native" in row and "native_shipped" in row:
+        new, old = row["native"], row["native_shipped"]
+        row["native_edgefl_over_shipped"] = {
+            "step": new["step_ms"] / old["step_ms"], "peak_rss": new["peak_rss_bytes"] / old["peak_rss_bytes"],
+            "same_losses": (new["loss_first"], new["loss_last"]) == (old["loss_first"], old["loss_last"])}
+    return row
+
+
+def qemu_column(name: str, paths: dict, x86: dict, steps: int, runs: int) -> dict:
+    """Both kernel sets' aarch64 step under qemu-user over their own x86 step (relative only)."""
+    import shutil
+
+    from edgefl.device_runtime import native
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if qemu is None:
+        return {"skipped": "no qemu-aarch64 (apt-get install qemu-user-static)"}
+    binary = native.build("linux-aarch64")
+    # the cross toolchain's libc (tests/integration/test_native_aarch64.py runs the trainer the same way)
+    prefix, env = [qemu, "-L", "/usr/aarch64-linux-gnu"], {"LD_LIBRARY_PATH": str(native.runtime_libraries("linux-aarch64"))}
+    out = {}
+    for kernels, key in (("edgefl", "native"), ("shipped", "native_shipped")):
+        times = [native_step(binary, paths, steps, kernels, prefix, env)["step_seconds"] * 1e3 for _ in range(runs)]
+        out[key] = {"step_ms_under_qemu": statistics.median(times),
+                    "over_x86": statistics.median(times) / x86[key]["step_ms"]}
+    out["edgefl_over_shipped_under_qemu"] = out["native"]["step_ms_under_qemu"] / out["native_shipped"]["step_ms_under_qemu"]
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sets", default=",".join(SETS))
+    p.add_argument("--runtimes", default=",".join(RUNTIMES))
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--qemu", action="store_true")
+    p.add_argument("--work", type=Path, help="export cache (default: a temporary folder)")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "device_speed.json")
+    p.add_argument("--plain-child", help=argparse.SUPPRESS)
+    p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.plain_child:
+        print(json.dumps(plain_torch_child(args.plain_child, args.data, args.steps)))
+        return 0
+    from edgefl.device_runtime.native import require_trainer
+    sets, runtimes = args.sets.split(","), args.runtimes.split(",")
+    unknown = [s for s in sets if s not in SETS] + [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        print(f"device_speed: unknown set or runtime {', '.join(unknown)}; sets: {', '.join(SETS)}; runtimes: "
+              f"{', '.join(RUNTIMES)}", file=sys.stderr)
+        return 2
+    binary = require_trainer()
+    work = args.work or Path(tempfile.mkdtemp(prefix="device_speed-"))
+    backends = [b for b, r in (("executorch", "native"), ("executorch", "native_shipped"), ("ort", "ort"),
+                               ("torch", "torch_set")) if r in runtimes]
+    result = {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": os.cpu_count(),
+              "threads": 1, "steps": args.steps, "runs": args.runs, "batch_size": BATCH,
+              "load_average_at_start": os.getloadavg()[0], "sets": {}}
+    for name in sets:
+        print(name, flush=True)
+        paths = prepare(name, work, tuple(dict.fromkeys(backends)))
+        row = measure_set(name, paths, binary, args.steps, args.runs, runtimes)
+        if args.qemu and "native" in row and "native_shipped" in row:
+            row["aarch64_qemu_relative"] = qemu_column(name, paths, row, max(3, args.steps // 3), args.runs)
+        result["sets"][name] = row
+        result["load_average_at_end"] = os.getloadavg()[0]     # a shared machine: how busy it was
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")      # each set as it finishes
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""edgefl's kernels in the native trainer (device_runtime/native/src/fast_kernels.cpp) train exactly as the
+kernels the executorch wheel ships: on the parity suite's sets 10 steps with `--kernels edgefl` and `--kernels
+shipped` give the same losses and the same trained tensors, bit for bit on the convolutional sets (a trained conv
+before a max pool, train-mode BN at head width 0.25), within the parity suite's tolerance on the transformer
+(its reductions round differently: a loss 2e-7 apart at step 2), and the edgefl run's report shows its kernels
+served the program's calls (a key that never matched would leave the shipped kernels doing all the work)."""
+import numpy as np
+import pytest
+from export_cases import CNN, EXPORTS, LM, available, cnn_config
+from test_native_trainer import CASES, SEED, STEPS, local_data, native, rate, rel
+
+pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed"),
+              pytest.mark.usefixtures("one_thread")]
+
+
+def train(binary, artifacts, data, config, kernels: str, out):
+    return native(binary, "--artifacts", artifacts.folder, "--data", data, "--steps", STEPS, "--lr", rate(config),
+                  "--seed", SEED, "--losses", "--out", out, "--kernels", kernels)
+
+
+@pytest.mark.parametrize("ref, config, tolerance", CASES)
+def test_edgefl_kernels_train_bit_for_bit_as_the_shipped_ones(ref, config, tolerance, exported, native_trainer,
+                                                                tmp_path):
+    artifacts = exported("executorch", ref, config)
+    data, _, _ = local_data(artifacts, tmp_path / "data", 3 * artifacts.suffix.batch_size + 5)
+    ours = train(native_trainer, artifacts, data, config, "edgefl", tmp_path / "edgefl.npy")
+    shipped = train(native_trainer, artifacts, data, config, "shipped", tmp_path / "shipped.npy")
+    assert ours["kernels"] == "edgefl" and shipped["kernels"] == "shipped"
+    assert len(ours["losses"]) == STEPS
+    if ref is LM:
+        np.testing.assert_allclose(ours["losses"], shipped["losses"], rtol=1e-5)
+        assert rel(np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy")) <= tolerance
+    else:
+        assert ours["losses"] == shipped["losses"]
+        assert np.array_equal(np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy"))
+    assert not any(shipped["edgefl_kernel_calls"].values())
+    calls = ours["edgefl_kernel_calls"]
+    # every set's graph transposes (autograd's products); the convolutions' im2col slices and concatenates, and
+    # its backward scatters slices (the transformer has no convolution, so no slice)
+    assert calls["permute_copy"] > 0 and (ref is LM or calls["slice_copy"] > 0), calls
+    assert sum(calls.values()) >= 4 * STEPS, calls
+
+
+def test_an_unknown_kernel_set_is_one_line(exported, native_trainer, tmp_path):
+    artifacts = exported("executorch", CNN, cnn_config(1))
+    data, _, _ = local_data(artifacts, tmp_path / "data", 20)
+    proc = native(native_trainer, "--artifacts", artifacts.folder, "--data", data, "--kernels", "fast", check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--kernels" in lines[0] and "edgefl or shipped" in lines[0], proc.stderr
