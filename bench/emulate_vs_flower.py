@@ -105,7 +105,10 @@ def prepare(w: Workload, rounds: int, folder: Path) -> dict:
 def make_schedule(fleet, settings: LoopSettings) -> dict:
     """Per round: the devices edgefl's coordinator samples, their partition indices (sorted device order),
     the local seed it gives each and the round's learning rate."""
-    sampler = Coordinator(fleet, None, None, None, None, settings, examples=len)   # only its sample() is used
+    from edgefl.planning.strategies import get_strategy
+
+    # only its sample() is used; FedAvg draws from every device (no pool)
+    sampler = Coordinator(fleet, None, get_strategy("fedavg"), None, None, settings, examples=len)
     index = {d: i for i, d in enumerate(sampler.devices)}
     rounds = []
     for r in range(1, settings.rounds + 1):
