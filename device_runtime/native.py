@@ -237,6 +237,7 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder / ".lock"):
         if binary.is_file() and (folder / ".sources").is_file() and (folder / ".sources").read_text() == source_hash():
+            _link_sdk(folder, sdk(t))      # the cache may outlive the environment it was built from
             build_agent(t, folder, log)
             return binary
         cmake = _tool("cmake", "install it with: apt-get install cmake (3.19 or newer)")
@@ -249,13 +250,21 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
             argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
         log(f"building {BINARY} for {t.name} in {folder}")
         _cmake(BINARY, argv, folder, folder / "stage")
-        lib = folder / "stage" / "lib"
-        if lib.is_symlink() or lib.exists():
-            lib.unlink()
-        lib.symlink_to(package / "lib", target_is_directory=True)
+        _link_sdk(folder, package)
         (folder / ".sources").write_text(source_hash())
         build_agent(t, folder, log)
     return binary
+
+
+def _link_sdk(folder: Path, package: Path) -> None:
+    """stage/lib: a link to the SDK's libraries, re-pointed when it names another copy of them (a build cache made
+    from another environment, since moved or removed, would leave the trainer without its libraries)."""
+    lib = folder / "stage" / "lib"
+    if lib.is_symlink() and os.readlink(lib) == str(package / "lib"):
+        return
+    if lib.is_symlink() or lib.exists():
+        lib.unlink()
+    lib.symlink_to(package / "lib", target_is_directory=True)
 
 
 def _cmake(what: str, configure: list[str], folder: Path, prefix: Path) -> None:

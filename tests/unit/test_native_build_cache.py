@@ -46,3 +46,25 @@ def test_a_failing_build_names_the_program_and_keeps_cmakes_words(tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)building hello failed .*undefined_name"):
         native._cmake("hello", [shutil.which("cmake"), "-S", str(source), "-B", str(tmp_path / "b")],
                       tmp_path / "b", tmp_path / "stage")
+
+
+def test_a_cached_trainer_whose_libraries_moved_is_linked_to_this_environments(tmp_path):
+    """A build cache made from another environment (its stage/lib names a removed venv's executorch) is not
+    rebuilt but re-linked to the libraries of the executorch installed here."""
+    import os
+
+    from export_cases import available
+
+    if not available("executorch"):
+        pytest.skip("executorch is not installed")
+    t = native.target(None)
+    folder = tmp_path / "build"
+    (folder / "stage" / "bin").mkdir(parents=True)
+    native.staged(folder).write_text("")
+    native.staged_agent(folder).write_text("")
+    (folder / ".sources").write_text(native.source_hash())
+    (folder / ".agent-sources").write_text(native.source_hash(agent=True))
+    (folder / "stage" / "lib").symlink_to(tmp_path / "gone-venv" / "executorch" / "lib")
+    assert native.build(out=folder) == native.staged(folder)
+    assert os.readlink(folder / "stage" / "lib") == str(native.sdk(t) / "lib")
+    assert (folder / "stage" / "lib").resolve().is_dir()
