@@ -9,10 +9,12 @@
           memory_budget: 180MiB
           upload_budget: 2MB
 
-A group's profile supplies defaults (memory budget, runtime); the group's own keys override them. `agent:
-python` says the group's devices run the Python agent (`edgefl-device` from the wheels) rather than the native
-one (`bin/edgefl-device` of a bundle, the default): the plan counts that agent's resident memory against the
-memory budget.
+A group's profile supplies defaults (memory budget, runtime); the group's own keys override them. `agent:`
+names the program that stays resident on its devices, whose memory the plan counts against the memory budget:
+`native` (`bin/edgefl-device` of a bundle, or the library an app embeds) or `python` (`edgefl-device` from the
+wheels). The native agent trains ExecuTorch sets only, so the default follows the runtime (`default_agent`):
+native for executorch, python for ort and torch; `agent: native` with another runtime is refused, since no
+native agent could keep that plan's promise.
 Every error names the file, the field and the fix, in one line.
 
 Device ids: `ids: [...]` lists them; `count: N` names them `<group>-0` ... `<group>-<N-1>` (`device_id`),
@@ -34,7 +36,7 @@ from edgefl.units import parse_bytes, parse_flops
 
 Runtime = Literal["ort", "executorch", "torch"]
 Agent = Literal["native", "python"]
-DEFAULT_AGENT = "native"
+DEFAULT_AGENT = "native"     # for ExecuTorch, the runtime the native agent trains; see default_agent
 _SIZE_EXAMPLE = {"memory_budget": "180MiB", "upload_budget": "2MB", "flops_budget": "50GFLOP"}
 # every device gets a name in memory: a mistyped count (4000000000) must fail, not hang the loader
 MAX_DEVICES = 1_000_000
@@ -74,6 +76,12 @@ class GroupSpec(_Strict):
         if v is not None and (not v or len(set(v)) != len(v)):
             raise ValueError("ids must be a non-empty list of distinct device names")
         return v
+
+
+def default_agent(runtime: str) -> str:
+    """The agent a group of `runtime` runs unless its entry says otherwise: the native one where it can train
+    (ExecuTorch), else the Python agent, so that the plan counts what will be resident."""
+    return DEFAULT_AGENT if runtime == "executorch" else "python"
 
 
 def _positive(value):
@@ -268,11 +276,14 @@ def _resolve(body: FleetBody, where: str) -> Fleet:
                               "device names must be unique across the fleet, so rename one of them")
         seen.update(ids)
         owner.update(dict.fromkeys(ids, name))
+        runtime = g.runtime or (profile.runtime if profile else "torch")
+        if g.agent == "native" and runtime != "executorch":
+            raise ConfigError(f"{at}.agent: the native agent trains ExecuTorch sets only and the group's runtime is "
+                              f"{runtime}; write runtime: executorch, or agent: python (the default for {runtime})")
         groups.append(Group(
             name=name, device_ids=ids,
             memory_budget_bytes=memory,
             upload_budget_bytes=g.upload_budget, flops_budget=g.flops_budget,
-            runtime=g.runtime or (profile.runtime if profile else "torch"),
-            examples=g.examples, profile=profile, agent=g.agent or DEFAULT_AGENT,
+            runtime=runtime, examples=g.examples, profile=profile, agent=g.agent or default_agent(runtime),
         ))
     return Fleet(name=body.name, groups=tuple(groups))

@@ -102,7 +102,7 @@ def plan_tables(plan: Plan, console: Console) -> None:
         budget = format_bytes(g.memory_budget_bytes)
         extra = "".join([f", upload {format_bytes(g.upload_budget_bytes)}" if g.upload_budget_bytes else "",
                          f", {format_flops(g.flops_budget)}/round" if g.flops_budget else ""])
-        title = f"{name}: {g.count} devices, {g.runtime}, budget {budget}{extra}"
+        title = f"{name}: {g.count} device{'s' * (g.count != 1)}, {g.runtime}, {g.agent} agent, budget {budget}{extra}"
         if g.flags:
             title += f" [{', '.join(g.flags)}]"
         if g.excluded:

@@ -34,14 +34,13 @@ def up(devices: Annotated[Path, typer.Option("--devices", help="fleet file")], b
            "round's set, e.g. 64MiB (the agent's default: 128MiB)")] = None,
        agent: Annotated[Optional[str], typer.Option(
            "--agent", metavar="python|native", help="every group's device agent, overriding the fleet file's "
-           "'agent:' (default: each group's own, native unless it says python; the native agent, C++ with no "
-           "Python, 'edgefl-device build-native', trains ExecuTorch groups only)")] = None):
+           "'agent:' (default: each group's own, by default native for executorch and python for ort and "
+           "torch; the native agent, C++ with no Python, 'edgefl-device build-native', trains ExecuTorch only)")] = None):
     """Start one device agent per device of the fleet; stop them all on Ctrl-C.
 
-    Each group's devices run the agent its fleet entry names (`agent:`, native by default), the kind its plan
-    counted. The native agent trains ExecuTorch sets only: a group of runtime ort or torch runs the Python agent
-    whatever it names, and a line says so for each group that named native (its plan counted the native agent's
-    memory; `agent: python` makes the plan count the Python agent's)."""
+    Each group's devices run the agent its plan counted (`agent:`; by default native for ExecuTorch groups,
+    python for ort and torch ones). --agent overrides it, and a line names each group whose plan counted the
+    other agent's memory. The native agent trains ExecuTorch sets only."""
     from edgefl.engines.agents import Agents, claim, start, supervise
 
     with claim(workdir):

@@ -18,15 +18,13 @@ Logins: `credentials` is the deployment folder `edgefl broker config -o DIR` wro
 folder (whichever holds `<device>.json`); with mqtts:// and no CA file, that deployment's `tls/ca.crt` is the
 CA. Every agent gets its own login file and the CA.
 
-Which agent each device runs: the one its group's fleet entry names (`agent:`, native by default: the kind the
-plan counted), unless `agent` overrides it for every group. The native agent (`edgefl-device` in C++, built by
-`edgefl-device build-native`; $EDGEFL_DEVICE_NATIVE names another binary, such as a bundle's bin/edgefl-device)
-trains ExecuTorch sets only, so a group whose runtime is ort or torch runs the Python agent whatever it says, and
-`start` says so in one line naming the group: its plan counted the native agent's memory, and `agent: python` in
-the fleet file makes the plan count the Python agent's (a phone app embeds the native library with its own
-runtime; this machine has no native ORT agent). Refusing such a group instead would refuse every fleet of the
-Android profiles (runtime ort, agent native by default), the README's demo among them. The native agent reads no
-profile YAML: its group's memory budget and the profile's active power come as --memory and --power.
+Which agent each device runs: the one its group's plan counted (`agent:` in the fleet file; by default native
+for ExecuTorch groups, python for ort and torch: edgefl.fleet.default_agent), unless `agent` overrides it for
+every group, which `start` says in one line per group whose plan counted the other agent's memory. The native
+agent (`edgefl-device` in C++, built by `edgefl-device build-native`; $EDGEFL_DEVICE_NATIVE names another
+binary, such as a bundle's bin/edgefl-device) trains ExecuTorch sets only, so `--agent native` still runs the
+Python agent for an ort or torch group. The native agent reads no profile YAML: its group's memory budget and
+the profile's active power come as --memory and --power.
 """
 from __future__ import annotations
 
@@ -171,16 +169,18 @@ def start(spec: Agents, say: Callable[[str], None]) -> dict[str, subprocess.Pope
 
 
 def agent_kinds(fleet, override: Optional[str], say: Callable[[str], None]) -> dict[str, str]:
-    """Group -> the agent kind its devices run: `override` (--agent) or the group's own, the Python agent where
-    the runtime is not ExecuTorch (module doc), with a line for each group whose fleet entry named native there."""
+    """Group -> the agent kind its devices run: the group's own (what its plan counted) or `override` (--agent)
+    where that agent can train the group's runtime, with a line for each group whose plan counted another."""
     kinds = {}
     for g in fleet.groups:
         wanted = override or g.agent
         kinds[g.name] = wanted if g.runtime == "executorch" else "python"
-        if wanted == "native" and kinds[g.name] == "python" and override is None:
-            say(f"group {g.name}: runtime {g.runtime}: the native agent trains ExecuTorch sets only, so its devices run "
-                f"the Python agent; its plan counted the native agent's memory: give the group 'agent: python' in "
-                f"the fleet file to plan for the Python agent's, or runtime: executorch")
+        if kinds[g.name] != g.agent:
+            say(f"group {g.name}: --agent {override} runs the {kinds[g.name]} agent, but its plan counted the "
+                f"{g.agent} agent's memory: give the group 'agent: {kinds[g.name]}' in the fleet file to plan for it")
+        elif override and wanted != kinds[g.name]:
+            say(f"group {g.name}: runtime {g.runtime}: the native agent trains ExecuTorch sets only, so its devices "
+                f"run the Python agent, as its plan counted")
     return kinds
 
 

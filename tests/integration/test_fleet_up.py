@@ -178,23 +178,36 @@ MIXED = ("fleet:\n  name: mixed\n  groups:\n    pi: {count: 1, runtime: executor
          "    phone: {count: 1, profile: android-low}\n")
 
 
-def test_each_group_runs_the_agent_its_fleet_entry_names_and_an_ort_group_the_python_one_saying_so():
-    """No --agent: a group's own `agent:` (native by default, the kind its plan counted); the native agent trains
-    ExecuTorch only, so an ort group that names it (by default) runs the Python agent, and one line says so, naming
-    the group and the fix. --agent overrides every group (the native agent still only for ExecuTorch groups)."""
+def test_each_group_runs_the_agent_its_plan_counted_and_an_override_says_where_it_differs():
+    """No --agent: each group's own `agent:`, by default native for ExecuTorch and python for ort (the kind its plan
+    counted), silently. --agent overrides every group, with a line for each group whose plan counted the other agent;
+    the native agent trains ExecuTorch only, so an ort group still runs the Python agent, as its plan counted."""
     from edgefl.engines.agents import agent_kinds
     from edgefl.fleet import parse_fleet
 
     fleet = parse_fleet(MIXED)
+    assert [g.agent for g in fleet.groups] == ["native", "python", "python"]
     said: list[str] = []
     assert agent_kinds(fleet, None, said.append) == {"pi": "native", "lab": "python", "phone": "python"}
-    assert said == ["group phone: runtime ort: the native agent trains ExecuTorch sets only, so its devices run the "
-                    "Python agent; its plan counted the native agent's memory: give the group 'agent: python' in the "
-                    "fleet file to plan for the Python agent's, or runtime: executorch"]
-    said.clear()
-    assert agent_kinds(fleet, "python", said.append) == {"pi": "python", "lab": "python", "phone": "python"}
-    assert agent_kinds(fleet, "native", said.append) == {"pi": "native", "lab": "native", "phone": "python"}
     assert said == []
+    assert agent_kinds(fleet, "python", said.append) == {"pi": "python", "lab": "python", "phone": "python"}
+    assert said == ["group pi: --agent python runs the python agent, but its plan counted the native agent's memory: "
+                    "give the group 'agent: python' in the fleet file to plan for it"]
+    said.clear()
+    assert agent_kinds(fleet, "native", said.append) == {"pi": "native", "lab": "native", "phone": "python"}
+    assert said == ["group lab: --agent native runs the native agent, but its plan counted the python agent's memory: "
+                    "give the group 'agent: native' in the fleet file to plan for it",
+                    "group phone: runtime ort: the native agent trains ExecuTorch sets only, so its devices run the "
+                    "Python agent, as its plan counted"]
+
+
+def test_a_native_agent_for_an_ort_group_is_refused_in_one_line():
+    from edgefl.errors import ConfigError
+    from edgefl.fleet import parse_fleet
+
+    with pytest.raises(ConfigError, match=r"fleet.groups.phone.agent: the native agent trains ExecuTorch sets only and "
+                                          r"the group's runtime is ort; write runtime: executorch, or agent: python"):
+        parse_fleet(MIXED.replace("profile: android-low}", "profile: android-low, agent: native}"))
 
 
 def test_an_unknown_agent_is_one_line(tmp_path):

@@ -29,6 +29,7 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -222,13 +223,17 @@ def pi_plan(tmp_path_factory):
     return fleet, plan, shares["pi-0"]
 
 
-def served_round(folder: Path, pi_plan, argv: list, *extra, env=None) -> tuple[dict, dict]:
+def served_round(folder: Path, pi_plan, argv: list, *extra, env=None, exported: Optional[Path] = None
+                 ) -> tuple[dict, dict]:
     """One served round (real mosquitto, `edgefl serve`) with `argv` run as device pi-0 (`extra`: more of its run
-    options): (the round's record, the global weights after it)."""
+    options): (the round's record, the global weights after it). `exported`: another run's state/artifacts, which
+    this coordinator finds as a stopped one's and ships instead of exporting the same set again."""
     import torch
     from mosquitto import Mosquitto
 
     fleet, plan, share = pi_plan
+    if exported is not None:
+        shutil.copytree(exported, folder / "state" / "artifacts")
     with Mosquitto(folder / "broker") as broker:
         log = open(folder / "pi-0.log", "w")
         agent = subprocess.Popen([*map(str, argv), "run", "--id", "pi-0", "--broker", broker.url, "--data", str(share),
@@ -248,7 +253,6 @@ def served_round(folder: Path, pi_plan, argv: list, *extra, env=None) -> tuple[d
     return record, torch.load(folder / "state" / "weights.pt")
 
 
-@pytest.mark.slow          # two served runs, one under qemu: 10 min at load ~10, over the issue's 3 min
 def test_the_cross_built_agent_serves_a_round_under_qemu_as_the_x86_agent_does(qemu, bundle, pi_plan, native_trainer,
                                                                             tmp_path):
     """The bundle's aarch64 agent (under qemu-aarch64-static; its trainer too, through a wrapper: qemu-user cannot
@@ -271,7 +275,8 @@ def test_the_cross_built_agent_serves_a_round_under_qemu_as_the_x86_agent_does(q
     (tmp_path / "arm").mkdir()
     arm, arm_weights = served_round(tmp_path / "arm", pi_plan,
                                     [qemu, "-L", SYSROOT, "-E", f"LD_LIBRARY_PATH={libraries}",
-                                     root / "bin" / native.AGENT], "--trainer", wrapper, env=env)
+                                     root / "bin" / native.AGENT], "--trainer", wrapper, env=env,
+                                    exported=tmp_path / "x86" / "state" / "artifacts")
     said = (tmp_path / "arm" / "pi-0.log").read_text()
     assert "native agent, trainer" in said and str(wrapper) in said, said
 

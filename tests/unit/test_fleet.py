@@ -39,23 +39,25 @@ def test_example_loads():
 
 def test_example_budgets_leave_small_devices_short_of_full_resnet20():
     """Full ResNet-20 at batch 32 peaks at ~125 MiB with ort, ~76 MiB with executorch (the native trainer) and
-    ~407 MiB with torch (cost model), the native agent's 8 MiB beside each: the low phones hold it but cannot upload a round of it on their metered
-    megabyte, the larger devices train it whole, and the Pi Zero could hold it natively but not a round of it
-    on its FLOP cap."""
+    ~407 MiB with torch (cost model), plus each group's agent: the low phones (ort, so the Python agent) can hold
+    neither its memory nor its upload, the larger devices train it whole, and the Pi Zero could hold it natively
+    but not a round of it on its FLOP cap."""
     from edgefl.planning.strategies import PlanContext
     from edgefl.zoo import ModelRef
 
     fleet = load_fleet(EXAMPLE)
     ctx = PlanContext(fleet, ModelRef.of("resnet20"), batch_size=32)
-    full = {rt: ctx.cost(ctx.config(frozen_prefix=0), rt) for rt in ("ort", "executorch", "torch")}
-    fits = {g.name: full[g.runtime].peak_memory_bytes <= g.memory_budget_bytes for g in fleet.groups}
+    full = {g.name: ctx.cost(ctx.config(frozen_prefix=0), g) for g in fleet.groups}
+    fits = {g.name: full[g.name].peak_memory_bytes <= g.memory_budget_bytes for g in fleet.groups}
+    assert {g.name: g.agent for g in fleet.groups} == {"zero": "native", "pi4": "native", "pi5": "python",
+                                                       "phone-low": "python", "phone-mid": "python"}
     low = fleet.group("phone-low")
-    assert fits["phone-low"] and full["ort"].upload_bytes > low.upload_budget_bytes   # the upload must shrink
+    assert not fits["phone-low"] and full["phone-low"].upload_bytes > low.upload_budget_bytes   # both must shrink
     assert fits["pi4"] and fits["pi5"] and fits["phone-mid"]
     zero = fleet.group("zero")
-    assert fits["zero"] and full["torch"].peak_memory_bytes > zero.memory_budget_bytes   # natively only
+    assert fits["zero"] and ctx.cost(ctx.config(frozen_prefix=0), "torch").peak_memory_bytes > zero.memory_budget_bytes
     # a round of the whole model over its examples exceeds its FLOP cap: the planner freezes a prefix
-    assert full["executorch"].flops_per_sample * zero.examples > zero.flops_budget
+    assert full["zero"].flops_per_sample * zero.examples > zero.flops_budget
 
 
 def test_group_lookup_unknown_name():

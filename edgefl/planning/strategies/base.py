@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 from edgefl.cost.constants import AGENTS, DEFAULTS, RuntimeConstants, unmeasured_note
 from edgefl.cost.model import Cost, config_cost
 from edgefl.cost.profile_store import ProfileStore
-from edgefl.fleet import DEFAULT_AGENT, Fleet, Group
+from edgefl.fleet import Fleet, Group, default_agent
 from edgefl.planning.plan import GroupPlan, Plan, SitOut, Step, violations
 from edgefl.trainconfig import TrainConfig
 from edgefl.units import format_bytes
@@ -77,8 +77,8 @@ class PlanContext:
 
     def cost(self, config: TrainConfig, on: Group | str) -> Cost:
         """`config`'s cost on a group's devices: its runtime's training process and the agent beside it. `on`
-        a runtime name: a device of that runtime with the default (native) agent."""
-        runtime, agent = (on, DEFAULT_AGENT) if isinstance(on, str) else (on.runtime, on.agent)
+        a runtime name: a device of that runtime with its default agent (edgefl.fleet.default_agent)."""
+        runtime, agent = (on, default_agent(on)) if isinstance(on, str) else (on.runtime, on.agent)
         key = (self.model, config, runtime, agent)
         if key not in self._costs:
             process = config_cost(self.store, self.model, config, runtime, self.constants[runtime])
