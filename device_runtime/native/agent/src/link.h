@@ -45,6 +45,9 @@ class Link {
   // The next event a fetch (of `fetching`, "" for none) must see, after the link handled the rest.
   std::optional<Event> pump(double timeout_s, const std::string& fetching = "");
   void report(Upload upload);
+  void report_more(const std::string& name, std::string topic, std::string payload) {
+    outbox_.append(name, std::move(topic), std::move(payload));
+  }
   bool flush(double timeout_s);        // the broker acknowledged every publish (events handled meanwhile)
   Traffic downloaded(int64_t round);   // bytes received since this round's instruction arrived
   void stop();

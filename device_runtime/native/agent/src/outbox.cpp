@@ -33,6 +33,13 @@ void Outbox::post(Upload upload) {
   deliver(waiting_[name]);
 }
 
+void Outbox::append(const std::string& name, std::string topic, std::string payload) {
+  Messages one{{std::move(topic), std::move(payload)}};
+  send_(one);
+  auto it = waiting_.find(name);
+  if (it != waiting_.end()) it->second.messages.push_back(std::move(one.front()));
+}
+
 void Outbox::receipt(const std::string& name, bool taken, const std::string& reason) {
   auto it = waiting_.find(name);
   if (it == waiting_.end()) return;

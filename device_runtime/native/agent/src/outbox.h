@@ -32,6 +32,8 @@ class Outbox {
       : send_(std::move(send)), log_(std::move(log)), receipt_s_(receipt_s), retry_max_s_(retry_max_s),
         attempts_(attempts), keep_rounds_(keep_rounds) {}
   void post(Upload upload);
+  // One more message of a waiting upload (its meta, written once its chunks are out), sent and kept with it.
+  void append(const std::string& name, std::string topic, std::string payload);
   void receipt(const std::string& name, bool taken, const std::string& reason);
   void closed(int64_t round);
   const Upload* for_round(int64_t round, const std::string& config_hash) const;
