@@ -34,13 +34,14 @@ class AgentTerms:
         return int(self.resident_bytes + self.upload_copies * upload_bytes)
 
 
-# Per agent kind, measured by bench/device_memory.py (bench/results/device_memory.json): served rounds of the
-# full CNN (6.35 MiB uploads), the agent's VmHWM minus its two upload copies, rounded up to a MiB: native 19.9
-# MiB -> 8, Python 74.8-76.0 MiB -> 63 (kept at 64; it grows over its first rounds as its allocator keeps freed
-# arenas, then stays flat). A plan's predicted peak is the training process's plus this: the memory budget is
-# the whole device's. Whole device measured / predicted there: native+executorch 0.93, Python+ort 0.96,
-# Python+executorch 0.95.
-AGENTS: dict[str, AgentTerms] = {"native": AgentTerms(8 * MiB, 2.0), "python": AgentTerms(64 * MiB, 2.0)}
+# Per agent kind, measured by bench/device_memory.py (bench/results/device_memory.json): 3 served rounds of the
+# full CNN (6.35 MiB uploads), the agent's VmHWM (taken once the round's upload is out) minus its two upload
+# copies, rounded up to a MiB: native 19.9 MiB -> 8; Python 57.9-59.9 MiB -> 48, flat from the first round, and
+# 60.8 MiB (48.2 + its copies) in tests/integration/test_native_served_acceptance.py's CNN run, so 50: a MiB and
+# a half above the largest seen. A plan's predicted peak is the training process's plus this: the memory budget is
+# the whole device's. Whole device measured / predicted (bench, 3 rounds): native+executorch 0.93,
+# Python+executorch 0.92, Python+ort 0.95, Python+torch 0.97.
+AGENTS: dict[str, AgentTerms] = {"native": AgentTerms(8 * MiB, 2.0), "python": AgentTerms(50 * MiB, 2.0)}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from edgefl.planning.plan import Plan
 from edgefl.server.history import RoundRecord, write_history
 from edgefl.units import format_bytes
 
-FLEET = ("fleet:\n  groups:\n    small: {count: 3, memory_budget: 78MiB, runtime: ort}\n"
+FLEET = ("fleet:\n  groups:\n    small: {count: 3, memory_budget: 122MiB, runtime: ort}\n"
          "    big: {count: 2, memory_budget: 1GiB}\n    brick: {count: 1, memory_budget: 5MiB, runtime: ort}\n")
 PNG = b"\x89PNG\r\n\x1a\n"
 WINDOW = 1280
