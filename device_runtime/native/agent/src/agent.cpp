@@ -177,7 +177,8 @@ bool Agent::handle(const Job& job, Outcome& out) {
     argv.push_back("--max-examples");
     argv.push_back(std::to_string(*ins.max_examples));
   }
-  auto meter = select_meter(c_.energy, c_.power_w);
+  auto meter = select_meter(c_.energy, c_.power_w, c_.i2c_bus);
+  const double metered_from = now_s();
   meter->start();
   std::unique_ptr<MemoryCap> cap;
   // the budget is the whole device's: the training process gets what this agent does not hold
@@ -194,7 +195,14 @@ bool Agent::handle(const Job& job, Outcome& out) {
   if (child.returncode != 0 && cap && (cap->oom_killed() || child.returncode == -9) && !over)
     child.error = "out of memory: the training process was killed at its cap " + cap->describe();
   cap.reset();
-  const EnergyReading energy = meter->stop();
+  EnergyReading energy;
+  try {
+    energy = meter->stop();
+  } catch (const std::exception& e) {   // a sensor that failed mid-round: the training stands, its energy is flagged
+    const double s = now_s() - metered_from;
+    energy = {c_.power_w * s, s, "profile", true};
+    log_(EDGEFL_LOG_WARNING, std::string("energy: ") + e.what() + "; this round reports the profile's estimate");
+  }
   if (over) {
     remove_tree(tmp);
     return false;

@@ -19,7 +19,7 @@ struct AgentConfig {
   std::string device_id, data, runtime = "executorch", trainer, profile, energy = "auto";
   int64_t memory_bytes = 0;      // 0: not declared
   double power_w = 0, fetch_timeout_s = 600;
-  int threads = 1, rounds = 0;
+  int threads = 1, rounds = 0, i2c_bus = -1;   // i2c_bus: an INA219's (-1: none)
   bool enforce_memory = false;
 };
 

@@ -90,7 +90,7 @@ int edgefl_device_start(const edgefl_device_config* c, edgefl_device** device, c
     if (c->ca_file && access(c->ca_file, R_OK) != 0)
       throw UserError("--ca-file " + text(c->ca_file) + ": no such file; give the broker's CA certificate (tls/ca.crt "
                       "of 'edgefl broker config')");
-    select_meter(text(c->energy), c->power_w);   // a missing sensor or power figure fails now, not mid-round
+    select_meter(text(c->energy), c->power_w, c->i2c_bus);   // a missing sensor or power figure fails now, not mid-round
 
     // one malloc arena (the MQTT client's threads would each keep their own), and large buffers (chunks, the
     // upload) always mapped apart and returned when freed: glibc's dynamic threshold would otherwise rise to the
@@ -120,6 +120,7 @@ int edgefl_device_start(const edgefl_device_config* c, edgefl_device** device, c
     ac.energy = text(c->energy);
     ac.memory_bytes = c->memory_bytes;
     ac.power_w = c->power_w;
+    ac.i2c_bus = c->i2c_bus;
     ac.threads = c->threads > 0 ? c->threads : 1;
     ac.rounds = c->rounds;
     ac.enforce_memory = c->enforce_memory != 0;

@@ -24,7 +24,7 @@ namespace {
 const char* const USAGE =
     "usage: edgefl-device [run] --id ID --broker URL --data DATA [--credentials FILE] [--ca-file FILE]\n"
     "                     [--runtime executorch] [--trainer PATH] [--cache DIR] [--cache-budget SIZE]\n"
-    "                     [--memory SIZE] [--profile NAME] [--power WATTS] [--energy auto|rapl|battery|profile]\n"
+    "                     [--memory SIZE] [--profile NAME] [--power WATTS] [--energy auto|rapl|battery|ina219|profile]\n"
     "                     [--receipt-wait S] [--threads N] [--enforce-memory] [--rounds N] [--i2c-bus N]\n";
 
 struct Bad {
