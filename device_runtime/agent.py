@@ -194,7 +194,11 @@ class DeviceAgent:
             finally:
                 if cap is not None:
                     cap.close()
-            energy = meter.stop() if meter else None
+            try:
+                energy = meter.stop() if meter else None
+            except RuntimeError as exc:     # a sensor that failed mid-round: the training stands, unmetered
+                self.log(f"round {ins.round}: {exc}; the round is reported without its energy")
+                energy = None
             report.wall_s = time.perf_counter() - t0
             # the device's peak is the training process's and this agent's (its VmHWM: the agent stays resident
             # beside the child), as the plan predicts it; a failed or killed child keeps its measured peak
