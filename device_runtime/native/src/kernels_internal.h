@@ -1,0 +1,64 @@
+// What edgefl's float32 kernels (fast_kernels.cpp) share: ExecuTorch's types, the shipped kernels they hand
+// other cases to, the calls each served, and the shapes copies and reductions walk. Internal to the trainer.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/kernel/kernel_runtime_context.h>
+#include <executorch/runtime/kernel/operator_registry.h>
+
+namespace edgefl::kernels {
+
+using executorch::aten::ScalarType;
+using executorch::aten::Tensor;
+using executorch::runtime::EValue;
+using executorch::runtime::Kernel;
+using executorch::runtime::KernelRuntimeContext;
+using executorch::runtime::OpFunction;
+using executorch::runtime::Span;
+using executorch::runtime::TensorMeta;
+
+constexpr int kMaxRank = 6;
+using Dims = std::vector<int64_t>;
+
+struct Fallbacks {
+  OpFunction permute = nullptr, sum = nullptr, mean = nullptr, slice = nullptr, scatter = nullptr, cat = nullptr,
+             max = nullptr;
+};
+Fallbacks& fallbacks();
+
+// calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
+// tensors never match the keys runs on the shipped kernels alone, and shows it
+enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kOps };
+const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean"};
+extern uint64_t calls[kOps];
+
+inline bool plain_float(const Tensor& t) {
+  return t.scalar_type() == ScalarType::Float && executorch::runtime::tensor_is_contiguous(t) && t.numel() > 0;
+}
+
+// A tensor as (outer, size along dim, inner): what slicing and concatenating along `dim` move in blocks.
+struct Around {
+  int64_t outer = 1, along = 1, inner = 1;
+};
+inline Around around(const Tensor& t, int64_t dim) {
+  Around a;
+  for (int64_t i = 0; i < t.dim(); i++) (i < dim ? a.outer : i == dim ? a.along : a.inner) *= t.size(i);
+  return a;
+}
+
+inline int64_t wrap(int64_t dim, int64_t rank) { return dim < 0 ? dim + rank : dim; }
+
+// The kernels (stack: the out variant's arguments as a program's instruction lists them).
+void permute_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);   // kernels_move.cpp
+void slice_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void slice_scatter_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void cat_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack);        // kernels_reduce.cpp
+void sum_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void mean_out(KernelRuntimeContext& context, Span<EValue*> stack);
+
+}  // namespace edgefl::kernels

@@ -1,0 +1,133 @@
+// Reductions in ascending input index with one float accumulator (fast_kernels.cpp says why): max.dim, sum, mean.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels_internal.h"
+
+namespace edgefl::kernels {
+
+// max.dim_max(self, dim, keepdim, *, max, max_values): the largest value along dim and the index of its
+// first occurrence; a NaN wins (its first occurrence), as in torch.
+void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack) {
+  const Tensor& in = stack[0]->toTensor();
+  Tensor& values = stack[3]->toTensor();
+  Tensor& indices = stack[4]->toTensor();
+  if (!plain_float(in) || !plain_float(values) || indices.scalar_type() != ScalarType::Long ||
+      !executorch::runtime::tensor_is_contiguous(indices) || values.numel() != indices.numel())
+    return fallbacks().max(context, stack);
+  const int64_t dim = wrap(stack[1]->toInt(), in.dim());
+  const Around a = around(in, dim);
+  if (a.along == 0 || values.numel() != a.outer * a.inner) return fallbacks().max(context, stack);
+  const float* x = in.const_data_ptr<float>();
+  float* v = values.mutable_data_ptr<float>();
+  int64_t* ix = indices.mutable_data_ptr<int64_t>();
+  for (int64_t o = 0; o < a.outer; o++) {
+    for (int64_t i = 0; i < a.inner; i++) {
+      const float* p = x + o * a.along * a.inner + i;
+      float best = p[0];
+      int64_t at = 0;
+      for (int64_t j = 1; j < a.along && !std::isnan(best); j++) {
+        const float c = p[j * a.inner];
+        if (c > best || std::isnan(c)) {
+          best = c;
+          at = j;
+        }
+      }
+      v[o * a.inner + i] = best;
+      ix[o * a.inner + i] = at;
+    }
+  }
+  calls[kMax]++;
+}
+
+// Sums over the reduced dimensions in input order: merged into alternating kept/reduced groups, each output
+// accumulates its inputs in ascending input index with one float, as the shipped reduction does.
+void reduce_sum(const float* in, float* out, const Dims& size, const std::vector<bool>& reduced) {
+  Dims s;
+  std::vector<bool> r;
+  for (size_t i = 0; i < size.size(); i++) {
+    if (size[i] == 1) continue;
+    if (!s.empty() && r.back() == reduced[i]) s.back() *= size[i];
+    else {
+      s.push_back(size[i]);
+      r.push_back(reduced[i]);
+    }
+  }
+  if (s.empty()) {
+    out[0] = 0.0f + in[0];
+    return;
+  }
+  const size_t k = s.size();
+  int64_t out_numel = 1;
+  Dims ostride(k, 0);
+  for (size_t i = k; i-- > 0;)
+    if (!r[i]) {
+      ostride[i] = out_numel;
+      out_numel *= s[i];
+    }
+  std::fill(out, out + out_numel, 0.0f);
+  const int64_t last = s[k - 1];
+  Dims index(k - 1, 0);
+  int64_t in_offset = 0;
+  while (true) {
+    int64_t ob = 0;
+    for (size_t j = 0; j + 1 < k; j++) ob += index[j] * ostride[j];
+    const float* row = in + in_offset;
+    if (r[k - 1]) {
+      float acc = out[ob];
+      for (int64_t b = 0; b < last; b++) acc += row[b];
+      out[ob] = acc;
+    } else {
+      float* o = out + ob;
+      for (int64_t b = 0; b < last; b++) o[b] += row[b];
+    }
+    in_offset += last;
+    size_t j = k - 1;
+    while (j > 0 && ++index[j - 1] == s[j - 1]) index[--j] = 0;
+    if (j == 0) return;
+  }
+}
+
+// sum.IntList_out / mean.out: (self, dim, keepdim, dtype, out)
+bool reduce(Span<EValue*> stack, int64_t* count) {
+  const Tensor& in = stack[0]->toTensor();
+  Tensor& out = stack[4]->toTensor();
+  if (!plain_float(in) || !plain_float(out) || !stack[3]->isNone()) return false;
+  const int64_t rank = in.dim();
+  std::vector<bool> reduced(rank, false);
+  if (stack[1]->isNone() || stack[1]->toIntList().size() == 0) {
+    std::fill(reduced.begin(), reduced.end(), true);
+  } else {
+    for (int64_t d : stack[1]->toIntList()) reduced[d < 0 ? d + rank : d] = true;
+  }
+  Dims size(rank);
+  *count = 1;
+  int64_t kept = 1;
+  for (int64_t i = 0; i < rank; i++) {
+    size[i] = in.size(i);
+    (reduced[i] ? *count : kept) *= size[i];
+  }
+  if (kept != out.numel()) return false;
+  reduce_sum(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), size, reduced);
+  return true;
+}
+
+void sum_out(KernelRuntimeContext& context, Span<EValue*> stack) {
+  int64_t count = 0;
+  if (!reduce(stack, &count)) return fallbacks().sum(context, stack);
+  calls[kSum]++;
+}
+
+void mean_out(KernelRuntimeContext& context, Span<EValue*> stack) {
+  int64_t count = 0;
+  if (!reduce(stack, &count)) return fallbacks().mean(context, stack);
+  Tensor& out = stack[4]->toTensor();
+  float* o = out.mutable_data_ptr<float>();
+  const float n = static_cast<float>(count);
+  for (int64_t i = 0; i < out.numel(); i++) o[i] = o[i] / n;
+  calls[kMean]++;
+}
+
+}  // namespace edgefl::kernels
