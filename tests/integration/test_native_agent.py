@@ -2,9 +2,11 @@
 run trains with it and it idles small, it reaches the Python agent's weights bit for bit, and a user's mistakes
 and malformed messages are met as the Python agent meets them."""
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -38,10 +40,13 @@ def vm_kib(pid: int, field: str) -> int:
 ROUNDS = 3
 
 
-def served(folder: Path, agent: str, probe=None) -> tuple[dict, dict]:
+def served(folder: Path, agent: str, probe=None, exported: Optional[Path] = None) -> tuple[dict, dict]:
     """A 3-round served run of two ExecuTorch phones with `agent` agents: (its history, its final weights).
-    `probe(run, pids)` runs once the agents are online, before the coordinator starts."""
+    `probe(run, pids)` runs once the agents are online, before the coordinator starts. `exported`: another run's
+    state/artifacts, which the coordinator finds as a stopped one's and ships rather than export the same sets."""
     folder.mkdir(parents=True)
+    if exported is not None:
+        shutil.copytree(exported, folder / "state" / "artifacts")
     fleet, plan = write_plan(folder, PHONES, "fedavg", rounds=ROUNDS)
     with ServedRun(folder, fleet, plan, train_limit=300, agent=agent) as run:
         if probe is not None:
@@ -77,14 +82,15 @@ def native_run(tmp_path_factory, agent_binary):
             seen["logs"] = {d: (folder / "fleet" / "logs" / f"{d}.log").read_text() for d in pids}
         return after
 
-    history, weights = served(tmp_path_factory.mktemp("native-run") / "native", "native", probe)
+    folder = tmp_path_factory.mktemp("native-run") / "native"
+    history, weights = served(folder, "native", probe)
     print(f"native agent VmRSS KiB at start {seen['started']}, idle after {ROUNDS} rounds {seen['idle']}, "
           f"VmHWM {seen['peak']}")
-    return history, weights, seen
+    return history, weights, seen, folder
 
 
 def test_a_served_run_with_native_agents_idles_under_8_mib(native_run):
-    history, _, seen = native_run
+    history, _, seen, _ = native_run
     for device, log in seen["logs"].items():
         assert "refused an instruction: instruction: not a JSON object" in log, log
     rounds = history["rounds"]
@@ -110,8 +116,8 @@ def test_a_served_run_with_native_agents_idles_under_8_mib(native_run):
 
 def test_the_native_and_the_python_agent_reach_the_same_weights_bit_for_bit(native_run, tmp_path):
     """For one seed, the Python agent (with the native trainer) and the native agent make the same global model."""
-    history, native, _ = native_run
-    python_history, python = served(tmp_path / "python", "python")
+    history, native, _, native_folder = native_run
+    python_history, python = served(tmp_path / "python", "python", exported=native_folder / "state" / "artifacts")
     for r in python_history["rounds"]:
         assert {m.get("agent", "python") for m in r["device_metrics"].values()} == {"python"}
         assert {m["trainer"] for m in r["device_metrics"].values()} == {"native"}
