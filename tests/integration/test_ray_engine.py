@@ -51,7 +51,7 @@ def history(run: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("method, per_round", [
-    ("fedavg", 20),     # every device gets the same weights: one object per round, shared
+    ("fedavg", 10),     # every device gets the same weights: one object per round, shared
     ("fd", 10),         # the two-group fleet: the small group trains random slices, other weights per device
 ])
 def test_ray_engine_on_two_nodes_matches_the_local_engine(cluster, tmp_path, fleet_text, method, per_round):
