@@ -1,7 +1,9 @@
 """edgefl's devices as a Flower ClientApp: a node trains what it is sent with edgefl's own emulated device.
 
-A node is one device of the fleet: in Flower's simulation, the device at its `partition-id` in the fleet's
-sorted device order (the order `edgefl emulate` gives its data shares in). It holds that device's share of
+A node is one device of the fleet: the one its node config names (`device-id`, how a deployed supernode says
+which device it is: `flower-supernode --node-config "device-id='phone-low-0'"`), else, in Flower's simulation,
+the device at its `partition-id` in the fleet's sorted device order (the order `edgefl emulate` gives its data
+shares in). It holds that device's share of
 the training set, split as `edgefl emulate` splits it (same data set, subset, partition and seed), loaded
 once per worker process. A train message is answered as the emulation's device answers the same
 instruction: `EmulatedDevice.handle` with the torch trainer of `edgefl.engines.local`, the device held to its
@@ -9,8 +11,9 @@ memory (with `memory_check`, the measured activations in the predicted peak: ove
 out-of-memory kill would). The reply adds the worker process's peak RSS over the round (VmHWM, reset before
 training; the process's, runtime and data included, not the device's budgeted training memory).
 
-A query message is answered with the node's partition id and device id: how the server maps nodes to the
-fleet's devices (a deployment would answer with what the device declares instead).
+A query message is answered with the node's device id (and partition id, where it has one): how the server maps
+nodes to the fleet's devices, and so to their groups and budgets. A deployed node still trains on its device's
+share of the data set as `edgefl emulate` splits it (the node's own local data is not read yet).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from edgefl.errors import ConfigError
 from edgefl.flower.records import import_flwr, instruction_of, reply_content
 
 PARTITION_ID = "partition-id"
+DEVICE_ID = "device-id"
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,22 @@ def device_of(data: NodeData, partition_id: int) -> str:
     return devices[partition_id]
 
 
-def train(data: NodeData, partition_id: int, content):
+def node_device(data: NodeData, node_config) -> str:
+    """The fleet device a node is (module doc), or ConfigError naming the node config key and the fix."""
+    _, devices, _ = _shares(data)
+    if DEVICE_ID in node_config:
+        device = str(node_config[DEVICE_ID])
+        if device not in devices:
+            raise ConfigError(f"node config {DEVICE_ID}={device!r}: not a device of the fleet {data.devices}; start "
+                              f"the supernode with one of its ids ({', '.join(devices[:3])}, ...)")
+        return device
+    if PARTITION_ID in node_config:
+        return device_of(data, int(node_config[PARTITION_ID]))
+    raise ConfigError(f"a node config with neither {DEVICE_ID} nor {PARTITION_ID}: start each supernode with "
+                      f"--node-config \"{DEVICE_ID}='<its fleet device id>'\"")
+
+
+def train(data: NodeData, node_config, content):
     """The reply content for one train message's `content`."""
     import torch
 
@@ -91,9 +110,9 @@ def train(data: NodeData, partition_id: int, content):
 
     instruction = instruction_of(content)
     config = content["config"]
-    device_id = device_of(data, partition_id)
+    device_id = node_device(data, node_config)
     if device_id != instruction.device_id:
-        raise ConfigError(f"node {partition_id} is device {device_id}, sent {instruction.device_id}'s instruction")
+        raise ConfigError(f"node {device_id} was sent {instruction.device_id}'s instruction")
     train_set, _, share_of = _shares(data)
     trainer = _trainer(config["model"], config["torch-device"], int(config["torch-threads"]))
     weights = {k: torch.from_numpy(a.numpy()) for k, a in content["arrays"].items()}
@@ -122,14 +141,14 @@ def client_app(data: Optional[NodeData] = None, root: Optional[Path] = None):
 
     @app.query()
     def query(msg, context):
-        pid = int(context.node_config[PARTITION_ID])
-        config = app_.ConfigRecord({PARTITION_ID: pid, "device-id": device_of(data_of(context), pid)})
-        return app_.Message(app_.RecordDict({"node": config}), reply_to=msg)
+        said = {DEVICE_ID: node_device(data_of(context), context.node_config)}
+        if PARTITION_ID in context.node_config:
+            said[PARTITION_ID] = int(context.node_config[PARTITION_ID])
+        return app_.Message(app_.RecordDict({"node": app_.ConfigRecord(said)}), reply_to=msg)
 
     @app.train()
     def train_(msg, context):
-        return app_.Message(train(data_of(context), int(context.node_config[PARTITION_ID]), msg.content),
-                            reply_to=msg)
+        return app_.Message(train(data_of(context), context.node_config, msg.content), reply_to=msg)
 
     return app
 

@@ -11,8 +11,10 @@ devices report in, so the float sums run in the same order), and returns once ed
 the global model (layer-wise, width slices, low-rank: whatever the method's aggregation is) and evaluated it:
 the global model as Flower's ArrayRecord and the round's metrics.
 
-Which node is which device: before the first round, a query message asks every node for its partition id;
-the device at that position of the fleet's sorted device ids is that node's (edgefl.flower.client).
+Which node is which device: before the first round, a query message asks every node which device it is: the
+`device-id` of its node config (a deployed supernode), else the device at its partition id's position of the
+fleet's sorted device ids (Flower's simulation; edgefl.flower.client). A device that two nodes claim, or that
+no node claims, stops the run before any round, naming it.
 Flower's own evaluation round is not used (edgefl evaluates the global model on the server's test split, and
 each group's accuracy on its devices' data, as `edgefl emulate` does): `configure_evaluate` sends nothing.
 """
@@ -24,7 +26,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from edgefl.errors import TransportError
-from edgefl.flower.client import PARTITION_ID
+from edgefl.flower.client import DEVICE_ID
 from edgefl.flower.records import array_record, import_flwr, report_of, train_content
 from edgefl.messages import RoundInstruction
 from edgefl.transport import Transport
@@ -150,13 +152,17 @@ class EdgeflStrategy(_strategy_base()):
         # a node's first answer waits for its ClientApp to load (torch, the data): on a busy machine some miss
         # one exchange's timeout, so the silent ones are asked again until the one deadline
         while (silent := set(nodes) - set(self.node_of.values())) and time.monotonic() < deadline:
-            asks = [app.Message(app.RecordDict({"ask": app.ConfigRecord({"what": PARTITION_ID})}), dst_node_id=n,
+            asks = [app.Message(app.RecordDict({"ask": app.ConfigRecord({"what": DEVICE_ID})}), dst_node_id=n,
                                 message_type=app.MessageType.QUERY) for n in sorted(silent)]
             for reply in grid.send_and_receive(asks, timeout=max(1.0, min(30.0, deadline - time.monotonic()))):
                 if reply.has_error():
                     raise TransportError(f"node {reply.metadata.src_node_id} did not say which device it is: "
                                          f"{reply.error.reason}")
-                self.node_of[str(reply.content["node"]["device-id"])] = reply.metadata.src_node_id
+                device = str(reply.content["node"][DEVICE_ID])
+                if self.node_of.get(device, reply.metadata.src_node_id) != reply.metadata.src_node_id:
+                    raise TransportError(f"Flower nodes {self.node_of[device]} and {reply.metadata.src_node_id} both "
+                                         f"say they are device {device}: give each supernode its own device-id")
+                self.node_of[device] = reply.metadata.src_node_id
         if set(self.node_of) != set(devices):
             raise TransportError(f"no Flower node is device {sorted(set(devices) - set(self.node_of))[:3]}")
 
