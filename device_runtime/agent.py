@@ -216,6 +216,11 @@ class DeviceAgent:
                 report.reason = child.error
                 return report, None, None
             buffer = np.load(out)     # the upload as it travels: the link chunks it as it is
+        values = sum(e.numel for e in suffix.trainable)
+        if buffer.ndim != 1 or buffer.size != values:     # as the native agent checks it
+            report.reason = (f"the trainer's upload: {buffer.size} values, the manifest's trainable tensors hold "
+                             f"{values}")
+            return report, None, None
         r = child.result
         report.status, report.examples = ReportStatus.OK, r["examples"]
         report.loss_before, report.loss_after = r["loss_first"], r["loss_last"]
