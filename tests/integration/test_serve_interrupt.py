@@ -15,7 +15,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FLEET = "fleet:\n  name: pair\n  groups:\n    pi: {count: 2, runtime: ort, memory_budget: 1GiB}\n"
 WAIT_ONLINE_S = 120      # ServedRun.serve_command's --wait-online
-ROUNDS = 4
+ROUNDS = 8        # once pi-1 is gone a round takes ~2 s: the SIGINT must come while rounds remain (a loaded CI
+                  # run saw rounds 3-4 end 3.8 s after round 2's checkpoint, before its SIGINT)
 
 
 def _rounds(state) -> list[dict]:
