@@ -12,6 +12,11 @@ Where a built trainer is looked for, first match wins: $EDGEFL_ET_TRAIN (a path 
 build cache ($EDGEFL_DEVICE_HOME, default ~/.cache/edgefl-device), `edgefl-et-train` on PATH (a bundle
 installs it there).
 
+The trainer is compiled for an instruction-set level (its matrix products run 3-4x faster with AVX2 + FMA than
+at the x86-64 baseline): x86-64-v3 on x86 by default, or $EDGEFL_CPU_LEVEL (x86-64 for a CPU older than 2015,
+x86-64-v4 for AVX-512), which keys the build like its sources do; keep it set wherever edgefl-device runs.
+arm64 builds target armv8-a.
+
 The native device agent (`edgefl-device`, C++ under native/agent/, no ExecuTorch: paho.mqtt.c, OpenSSL and
 nlohmann-json from Debian) is built by the same `build` into the same bin/, beside the trainer it runs. Its
 build is keyed by the agent's own sources (`.agent-sources`): a change to it rebuilds it in seconds, never the
@@ -89,8 +94,27 @@ def source_hash(agent: bool = False) -> str:
     return h.hexdigest()[:16]
 
 
+CPU_LEVELS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+
+
+def cpu_level(t: Target) -> Optional[str]:
+    """The -march of an x86 build ($EDGEFL_CPU_LEVEL, default x86-64-v3); None for arm64 (armv8-a, fixed)."""
+    if t.machine != "x86_64":
+        return None
+    level = os.environ.get("EDGEFL_CPU_LEVEL") or "x86-64-v3"
+    if level not in CPU_LEVELS:
+        raise ConfigError(f"EDGEFL_CPU_LEVEL={level}: unknown; choose one of: {', '.join(CPU_LEVELS)}")
+    return level
+
+
+def build_stamp(t: Target) -> str:
+    """What a build folder's .sources holds: a build of other sources, or for another CPU level, is rebuilt."""
+    return f"{source_hash()} {cpu_level(t) or 'armv8-a'}"
+
+
 def build_dir(t: Target) -> Path:
-    return home() / "native" / f"{t.name}-{source_hash()}"
+    level = cpu_level(t)
+    return home() / "native" / f"{t.name}-{source_hash()}{'' if level in (None, 'x86-64-v3') else '-' + level}"
 
 
 def staged(folder: Path) -> Path:
@@ -236,7 +260,8 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
     binary = staged(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder / ".lock"):
-        if binary.is_file() and (folder / ".sources").is_file() and (folder / ".sources").read_text() == source_hash():
+        stamp = build_stamp(t)
+        if binary.is_file() and (folder / ".sources").is_file() and (folder / ".sources").read_text() == stamp:
             _link_sdk(folder, sdk(t))      # the cache may outlive the environment it was built from
             build_agent(t, folder, log)
             return binary
@@ -248,10 +273,12 @@ def build(target_name: Optional[str] = None, out: Optional[Path] = None, log=lam
                 f"-Dexecutorch_DIR={package / 'lib' / 'cmake' / 'executorch'}", f"-DEDGEFL_VERSION={edgefl_version()}"]
         if t.toolchain:
             argv.append(f"-DCMAKE_TOOLCHAIN_FILE={SOURCES / 'toolchains' / t.toolchain}")
+        if cpu_level(t):
+            argv.append(f"-DEDGEFL_CPU_LEVEL={cpu_level(t)}")
         log(f"building {BINARY} for {t.name} in {folder}")
         _cmake(BINARY, argv, folder, folder / "stage")
         _link_sdk(folder, package)
-        (folder / ".sources").write_text(source_hash())
+        (folder / ".sources").write_text(stamp)
         build_agent(t, folder, log)
     return binary
 

@@ -1,9 +1,10 @@
-"""edgefl's kernels in the native trainer (device_runtime/native/src/fast_kernels.cpp) train exactly as the
-kernels the executorch wheel ships: on the parity suite's sets 10 steps with `--kernels edgefl` and `--kernels
-shipped` give the same losses and the same trained tensors, bit for bit on the convolutional sets (a trained conv
-before a max pool, train-mode BN at head width 0.25), within the parity suite's tolerance on the transformer
-(its reductions round differently: a loss 2e-7 apart at step 2), and the edgefl run's report shows its kernels
-served the program's calls (a key that never matched would leave the shipped kernels doing all the work)."""
+"""edgefl's kernels in the native trainer (device_runtime/native/src/fast_kernels.cpp) train as the kernels the
+executorch wheel ships: on the parity suite's sets 10 steps with `--kernels edgefl` and `--kernels shipped` give
+losses and trained tensors within the parity suite's tolerance (a trained conv before a max pool, train-mode BN at
+head width 0.25, the transformer). Not bit for bit: edgefl's matrix products are a GEMM built for AVX2 + FMA
+(gemm.h), the shipped one is built for SSE2; before them, with copies and reductions only, the convolutional sets
+were bit-identical and the transformer 2e-7 apart in a loss. The edgefl run's report shows its kernels served the
+program's calls (a key that never matched would leave the shipped kernels doing all the work)."""
 import numpy as np
 import pytest
 from export_cases import CNN, EXPORTS, LM, available, cnn_config
@@ -19,7 +20,7 @@ def train(binary, artifacts, data, config, kernels: str, out):
 
 
 @pytest.mark.parametrize("ref, config, tolerance", CASES)
-def test_edgefl_kernels_train_bit_for_bit_as_the_shipped_ones(ref, config, tolerance, exported, native_trainer,
+def test_edgefl_kernels_train_as_the_shipped_ones(ref, config, tolerance, exported, native_trainer,
                                                                 tmp_path):
     artifacts = exported("executorch", ref, config)
     data, _, _ = local_data(artifacts, tmp_path / "data", 3 * artifacts.suffix.batch_size + 5)
@@ -27,17 +28,16 @@ def test_edgefl_kernels_train_bit_for_bit_as_the_shipped_ones(ref, config, toler
     shipped = train(native_trainer, artifacts, data, config, "shipped", tmp_path / "shipped.npy")
     assert ours["kernels"] == "edgefl" and shipped["kernels"] == "shipped"
     assert len(ours["losses"]) == STEPS
-    if ref is LM:
-        np.testing.assert_allclose(ours["losses"], shipped["losses"], rtol=1e-5)
-        assert rel(np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy")) <= tolerance
-    else:
-        assert ours["losses"] == shipped["losses"]
-        assert np.array_equal(np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy"))
+    np.testing.assert_allclose(ours["losses"], shipped["losses"], rtol=1e-5)
+    trained, reference = np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy")
+    assert rel(trained, reference) <= tolerance
     assert not any(shipped["edgefl_kernel_calls"].values())
     calls = ours["edgefl_kernel_calls"]
-    # every set's graph transposes (autograd's products); the convolutions' im2col slices and concatenates, and
-    # its backward scatters slices (the transformer has no convolution, so no slice)
-    assert calls["permute_copy"] > 0 and (ref is LM or calls["slice_copy"] > 0), calls
+    # every set's graph multiplies matrices (convolutions and linear layers as bmm/mm) and transposes (autograd's
+    # products); the convolutions' im2col slices and concatenates, and its backward scatters slices (the
+    # transformer has no convolution, so no slice)
+    assert calls["bmm"] + calls["mm"] >= STEPS and calls["permute_copy"] > 0, calls
+    assert ref is LM or calls["slice_copy"] > 0, calls
     assert sum(calls.values()) >= 4 * STEPS, calls
 
 

@@ -62,7 +62,7 @@ def test_a_cached_trainer_whose_libraries_moved_is_linked_to_this_environments(t
     (folder / "stage" / "bin").mkdir(parents=True)
     native.staged(folder).write_text("")
     native.staged_agent(folder).write_text("")
-    (folder / ".sources").write_text(native.source_hash())
+    (folder / ".sources").write_text(native.build_stamp(t))
     (folder / ".agent-sources").write_text(native.source_hash(agent=True))
     (folder / "stage" / "lib").symlink_to(tmp_path / "gone-venv" / "executorch" / "lib")
     assert native.build(out=folder) == native.staged(folder)

@@ -6,21 +6,23 @@
 
 #include "kernels_internal.h"
 
-// Float32 kernels for the data-moving and reducing operators of edgefl's training programs, where the shipped
-// kernels spend most of a step outside arithmetic: their permute_copy computes a multi-dimensional index per
-// element (16% of a CNN step under perf, before any product), their sum/mean walk reduced dimensions through
-// per-element index arithmetic (get_init_index, 8%). These work on runs of contiguous memory instead.
+// Float32 kernels for the operators of edgefl's training programs where the shipped kernels spend most of a step:
+// matrix products (the wheel's GEMM is Eigen built for the x86-64 baseline, 3-4x slower than the same source
+// built for AVX2 + FMA or AVX-512: gemm.h), and data-moving and reducing operators that spend their time outside
+// arithmetic: the shipped permute_copy computes a multi-dimensional index per element (16% of a CNN step under
+// perf, before any product), their sum/mean walk reduced dimensions through per-element index arithmetic
+// (get_init_index, 8%). These work on runs of contiguous memory instead.
 //
 // They take over through ExecuTorch's kernel keys: a kernel registered for a dtype and dim order wins over the
 // fallback kernel the shipped library registers for the same operator, whatever the registration order. Each
-// is registered for contiguous float32 tensors of rank 1 to kMaxRank; any other case (a dtype argument, an
+// is registered for contiguous float32 tensors of the ranks it serves; any other case (a dtype argument, an
 // empty tensor) goes to the shipped kernel, looked up as the registry's fallback. Copies are copies (bit-equal);
-// each output of a reduction adds its inputs in ascending index with one float accumulator, which equals the
-// shipped kernels bit for bit on the convolutional sets but not everywhere: on the transformer a loss differed
-// by 2e-7 at step 2 (within the parity tolerance, tests/export/test_native_kernels.py).
+// each output of a reduction adds its inputs in ascending index with one float accumulator, as the shipped
+// kernels do; products round as a blocked, fused-multiply-add GEMM does, not as the shipped one: trained tensors
+// agree with the shipped kernels' and with torch's within the parity tolerance (tests/export/test_native_kernels.py).
 //
-// The kernels themselves: kernels_move.cpp (copies), kernels_reduce.cpp (reductions); what they share:
-// kernels_internal.h. This file registers them.
+// The kernels themselves: kernels_move.cpp (copies), kernels_reduce.cpp (reductions), kernels_matmul.cpp
+// (products); what they share: kernels_internal.h. This file registers them.
 namespace edgefl {
 namespace kernels {
 
@@ -81,10 +83,17 @@ bool register_fast_kernels() {
   f.scatter = shipped("aten::slice_scatter.out");
   f.cat = shipped("aten::cat.out");
   f.max = shipped("aten::max.dim_max");
-  if (!f.max || !f.permute || !f.sum || !f.mean || !f.slice || !f.scatter || !f.cat) return false;
+  f.bmm = shipped("aten::bmm.out");
+  f.mm = shipped("aten::mm.out");
+  if (!f.max || !f.permute || !f.sum || !f.mean || !f.slice || !f.scatter || !f.cat || !f.bmm || !f.mm) return false;
   std::vector<Kernel> kernels;
   // a program's instruction lists the out variant's return value (the out tensor again) after its arguments,
   // and the key is made of every tensor there: (self, out, out); the key without it serves a call by name
+  for (bool ret : {false, true}) {
+    for (int r : {3, 2})   // (self, mat2, out[, out])
+      kernels.emplace_back(r == 3 ? "aten::bmm.out" : "aten::mm.out", key(std::vector<int>(ret ? 4 : 3, r)),
+                           r == 3 ? bmm_out : mm_out);
+  }
   for (int r = 1; r <= kMaxRank; r++) {
     for (bool ret : {false, true}) {
       const std::vector<int> same = ret ? std::vector<int>{r, r, r} : std::vector<int>{r, r};

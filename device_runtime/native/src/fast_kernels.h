@@ -7,7 +7,7 @@
 
 namespace edgefl {
 
-// Registers edgefl's float32 permute_copy, sum and mean kernels ahead of the shipped ones (fast_kernels.cpp
+// Registers edgefl's float32 kernels (products, copies, reductions) ahead of the shipped ones (fast_kernels.cpp
 // says how and why); call before loading a program. False where the shipped kernels to fall back on are
 // missing (then nothing is registered).
 bool register_fast_kernels();

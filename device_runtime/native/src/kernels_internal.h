@@ -26,14 +26,15 @@ using Dims = std::vector<int64_t>;
 
 struct Fallbacks {
   OpFunction permute = nullptr, sum = nullptr, mean = nullptr, slice = nullptr, scatter = nullptr, cat = nullptr,
-             max = nullptr;
+             max = nullptr, bmm = nullptr, mm = nullptr;
 };
 Fallbacks& fallbacks();
 
 // calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
 // tensors never match the keys runs on the shipped kernels alone, and shows it
-enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kOps };
-const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean"};
+enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kOps };
+const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean",
+                                    "bmm", "mm"};
 extern uint64_t calls[kOps];
 
 inline bool plain_float(const Tensor& t) {
@@ -60,5 +61,7 @@ void cat_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack);        // kernels_reduce.cpp
 void sum_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void mean_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void bmm_out(KernelRuntimeContext& context, Span<EValue*> stack);            // kernels_matmul.cpp
+void mm_out(KernelRuntimeContext& context, Span<EValue*> stack);
 
 }  // namespace edgefl::kernels

@@ -25,6 +25,7 @@
 #include "errors.h"
 #include "et_trainer.h"
 #include "fast_kernels.h"
+#include "gemm.h"
 #include "json_fields.h"
 #include "local_data.h"
 #include "npy.h"
@@ -173,7 +174,8 @@ Json run(const Options& o) {
   const ArtifactSet set = open_artifact_set(o.artifacts, o.verify);
   LocalData data(o.data, set);
   if (o.kernels == "edgefl" && !register_fast_kernels())
-    throw UserError("--kernels edgefl: the ExecuTorch runtime beside this trainer lacks permute_copy, sum or mean; "
+    throw UserError("--kernels edgefl: the ExecuTorch runtime beside this trainer lacks one of the operators edgefl's kernels "
+                    "replace (bmm, mm, permute_copy, sum, mean, ...); "
                     "rebuild with 'edgefl-device build-native' or pass --kernels shipped");
   EtTrainer trainer(set, static_cast<int>(o.threads));
   if (data.examples() < trainer.batch())
@@ -238,6 +240,7 @@ Json run(const Options& o) {
   report["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report["threads"] = o.threads;
   report["kernels"] = o.kernels;
+  report["cpu_level"] = gemm_cpu_level();
   Json calls = Json::object();
   for (const auto& [name, n] : fast_kernel_calls()) calls[name] = n;
   report["edgefl_kernel_calls"] = calls;
