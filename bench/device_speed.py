@@ -1,19 +1,25 @@
 """Training step time and peak RSS of one device-side set per runtime, side by side on the same CPU.
 
 For each set (a model and its frozen prefix / head width, batch 32) the same suffix is trained `--steps` steps on
-the same local data by: the native ExecuTorch trainer with edgefl's kernels (`--kernels edgefl`, the default) and
-with the wheel's kernels alone (`--kernels shipped`, the trainer before them), ONNX Runtime and the torch set
-(`edgefl-device train`), and a plain PyTorch loop over the eager split model (torch.optim.SGD, no edgefl trainer
-in between). One thread everywhere. The runtimes run in turn, `--runs` rounds, so load on the machine falls on
+the same local data by: the native ExecuTorch trainer with edgefl's kernels (`--kernels edgefl`, the default),
+ONNX Runtime and the torch set (`edgefl-device train`), and a plain PyTorch loop over the eager split model
+(torch.optim.SGD, no edgefl trainer in between); on request (`--runtimes ...,native_shipped`) the native trainer
+on the wheel's kernels alone, whose convolutions are direct loops (seconds per step: not a default). One thread everywhere. The runtimes run in turn, `--runs` rounds, so load on the machine falls on
 all of them alike; each figure is the median over the rounds, and every ratio is to the plain torch loop of the
 same rounds (and edgefl over shipped kernels for the native trainer). The native trainer's first and last loss
 with each kernel set are recorded: edgefl's kernels are meant to give the same numbers.
 
-`--qemu` adds the aarch64 column: the cross-built native trainer under qemu-user, both kernel sets. Emulation
-makes its absolute times meaningless; what it reports is each kernel set's step under qemu over the same set's
-x86 step, so an arm64-only regression of one kernel set shows as a ratio apart from the other's.
+`--before BINARY:WORK[:AARCH64_BINARY]` adds `native_before`: another build of the native trainer (an earlier
+commit's, say) on the sets an earlier exporter wrote under WORK (<set>/executorch, as `--work` holds them), run
+in the same turns (and under qemu with `--qemu`, given its aarch64 build).
+
+`--qemu` adds the aarch64 column: the cross-built native trainer under qemu-user, each kernel set measured on x86.
+Emulation makes its absolute times meaningless; what it reports is each kernel set's step under qemu over the
+same set's x86 step, so an arm64-only regression shows as a ratio apart from the x86 one (and from the other
+kernel set's, when both ran).
 
     python bench/device_speed.py [--sets cnn-full,...] [--steps 30] [--runs 3] [--qemu] [--work DIR]
+                                 [--before BINARY:WORK[:AARCH64_BINARY]]
 """
 from __future__ import annotations
 
@@ -36,7 +42,8 @@ BATCH, EXAMPLES = 32, 256
 SETS = {"cnn-full": ("cnn", 4, 0, 1.0), "cnn-frozen2": ("cnn", 4, 2, 1.0),
         "resnet20-full": ("resnet20", 20, 0, 1.0), "resnet20-frozen10": ("resnet20", 20, 10, 1.0),
         "resnet20-frozen10-width0.25": ("resnet20", 20, 10, 0.25)}
-RUNTIMES = ("native", "native_shipped", "ort", "torch_set", "plain_torch")
+RUNTIMES = ("native", "native_shipped", "native_before", "ort", "torch_set", "plain_torch")
+DEFAULT_RUNTIMES = ("native", "ort", "torch_set", "plain_torch")
 
 
 def config_of(name: str):
@@ -94,7 +101,7 @@ def native_step(binary: Path, paths: dict, steps: int, kernels: str, prefix: lis
                   "--steps", str(steps), "--threads", "1", "--kernels", kernels, "--seed", "0"],
                  env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), **(env or {})})
     return {"step_seconds": r["step_seconds"], "peak_rss_bytes": r["peak_rss_bytes"],
-            "loss_first": r["loss_first"], "loss_last": r["loss_last"]}
+            "loss_first": r["loss_first"], "loss_last": r["loss_last"], "cpu_level": r.get("cpu_level")}
 
 
 def device_train_step(runtime: str, folder: Path, data: Path, steps: int) -> dict:
@@ -140,7 +147,8 @@ def plain_torch_step(name: str, data: Path, steps: int) -> dict:
                     env={"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
 
 
-def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, runtimes: list[str]) -> dict:
+def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, runtimes: list[str],
+                before: tuple[Path, ...] | None = None) -> dict:
     samples = {r: [] for r in runtimes}
     for i in range(runs):
         for runtime in runtimes:            # in turn: each round sees every runtime under the same load
@@ -148,6 +156,9 @@ def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, run
                 s = native_step(binary, paths, steps, "edgefl")
             elif runtime == "native_shipped":
                 s = native_step(binary, paths, steps, "shipped")
+            elif runtime == "native_before":
+                s = native_step(before[0], {"executorch": before[1] / name / "executorch", "data": paths["data"]},
+                                steps, "edgefl")
             elif runtime == "ort":
                 s = device_train_step("ort", paths["ort"], paths["data"], steps)
             elif runtime == "torch_set":
@@ -163,6 +174,8 @@ def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, run
                         "step_ms_runs": [s["step_seconds"] * 1e3 for s in ss],
                         "peak_rss_bytes": int(statistics.median(s["peak_rss_bytes"] for s in ss)),
                         "loss_first": ss[0]["loss_first"], "loss_last": ss[0]["loss_last"]}
+        if ss[0].get("cpu_level"):
+            row[runtime]["cpu_level"] = ss[0]["cpu_level"]
     if "plain_torch" in row:
         base = row["plain_torch"]["step_ms"]
         for runtime in row:
@@ -175,7 +188,7 @@ def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, run
     return row
 
 
-def qemu_column(name: str, paths: dict, x86: dict, steps: int, runs: int) -> dict:
+def qemu_column(name: str, paths: dict, x86: dict, steps: int, runs: int, before: tuple = ()) -> dict:
     """Both kernel sets' aarch64 step under qemu-user over their own x86 step (relative only)."""
     import shutil
 
@@ -187,23 +200,32 @@ def qemu_column(name: str, paths: dict, x86: dict, steps: int, runs: int) -> dic
     # the cross toolchain's libc (tests/integration/test_native_aarch64.py runs the trainer the same way)
     prefix, env = [qemu, "-L", "/usr/aarch64-linux-gnu"], {"LD_LIBRARY_PATH": str(native.runtime_libraries("linux-aarch64"))}
     out = {}
-    for kernels, key in (("edgefl", "native"), ("shipped", "native_shipped")):
-        times = [native_step(binary, paths, steps, kernels, prefix, env)["step_seconds"] * 1e3 for _ in range(runs)]
+    runs_of = {"native": (binary, paths, "edgefl"), "native_shipped": (binary, paths, "shipped")}
+    if len(before) == 3:
+        runs_of["native_before"] = (before[2], {"executorch": before[1] / name / "executorch",
+                                                "data": paths["data"]}, "edgefl")
+    for key, (program, sets, kernels) in runs_of.items():
+        if key not in x86:
+            continue
+        times = [native_step(program, sets, steps, kernels, prefix, env)["step_seconds"] * 1e3 for _ in range(runs)]
         out[key] = {"step_ms_under_qemu": statistics.median(times),
                     "over_x86": statistics.median(times) / x86[key]["step_ms"]}
-    out["edgefl_over_shipped_under_qemu"] = out["native"]["step_ms_under_qemu"] / out["native_shipped"]["step_ms_under_qemu"]
+    if len(out) == 2:
+        out["edgefl_over_shipped_under_qemu"] = (out["native"]["step_ms_under_qemu"]
+                                                 / out["native_shipped"]["step_ms_under_qemu"])
     return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sets", default=",".join(SETS))
-    p.add_argument("--runtimes", default=",".join(RUNTIMES))
+    p.add_argument("--runtimes", default=",".join(DEFAULT_RUNTIMES))
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--qemu", action="store_true")
     p.add_argument("--work", type=Path, help="export cache (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "device_speed.json")
+    p.add_argument("--before", help="BINARY:WORK: another trainer build and the sets its exporter wrote")
     p.add_argument("--plain-child", help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -218,6 +240,10 @@ def main() -> int:
               f"{', '.join(RUNTIMES)}", file=sys.stderr)
         return 2
     binary = require_trainer()
+    before = None
+    if args.before:
+        before = tuple(Path(part) for part in args.before.split(":", 2))
+        runtimes = [*runtimes, "native_before"] if "native_before" not in runtimes else runtimes
     work = args.work or Path(tempfile.mkdtemp(prefix="device_speed-"))
     backends = [b for b, r in (("executorch", "native"), ("executorch", "native_shipped"), ("ort", "ort"),
                                ("torch", "torch_set")) if r in runtimes]
@@ -227,9 +253,14 @@ def main() -> int:
     for name in sets:
         print(name, flush=True)
         paths = prepare(name, work, tuple(dict.fromkeys(backends)))
-        row = measure_set(name, paths, binary, args.steps, args.runs, runtimes)
-        if args.qemu and "native" in row and "native_shipped" in row:
-            row["aarch64_qemu_relative"] = qemu_column(name, paths, row, max(3, args.steps // 3), args.runs)
+        row = measure_set(name, paths, binary, args.steps, args.runs, runtimes, before)
+        if "native_before" in row:
+            row["native_over_before"] = {"step": row["native"]["step_ms"] / row["native_before"]["step_ms"],
+                                         "peak_rss": row["native"]["peak_rss_bytes"]
+                                         / row["native_before"]["peak_rss_bytes"]}
+        if args.qemu and "native" in row:
+            row["aarch64_qemu_relative"] = qemu_column(name, paths, row, max(3, args.steps // 3), args.runs,
+                                                       before or ())
         result["sets"][name] = row
         result["load_average_at_end"] = os.getloadavg()[0]     # a shared machine: how busy it was
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgefl.device_runtime import native  # noqa: E402
+from edgefl.device_runtime import native, native_fuzz  # noqa: E402
 
 COMPILER = "clang++-14"
 FLAGS = ["-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined"]
@@ -44,7 +44,7 @@ def build(name: str, folder: Path, out: Path) -> Path:
     if shutil.which(COMPILER) is None:
         sys.exit(f"{COMPILER} is not installed; install it with: apt-get install clang-14 libfuzzer-14-dev")
     binary = out / f"fuzz_{name}"
-    proc = subprocess.run(native.fuzz_compile_argv(COMPILER, folder, binary, FLAGS), capture_output=True, text=True)
+    proc = subprocess.run(native_fuzz.fuzz_compile_argv(COMPILER, folder, binary, FLAGS), capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"building the {name} fuzz target failed:\n{proc.stderr[-3000:]}")
     return binary
@@ -95,7 +95,7 @@ def merge(binary: Path, seeds: Path, work: Path) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    targets = native.fuzz_targets()
+    targets = native_fuzz.fuzz_targets()
     p.add_argument("--seconds", type=float, default=600, help="in all, shared equally by the targets")
     p.add_argument("--targets", default=",".join(targets))
     p.add_argument("--work", type=Path, default=native.home() / "fuzz")

@@ -12,10 +12,8 @@ Where a built trainer is looked for, first match wins: $EDGEFL_ET_TRAIN (a path 
 build cache ($EDGEFL_DEVICE_HOME, default ~/.cache/edgefl-device), `edgefl-et-train` on PATH (a bundle
 installs it there).
 
-The trainer is compiled for an instruction-set level (its matrix products run 3-4x faster with AVX2 + FMA than
-at the x86-64 baseline): x86-64-v3 on x86 by default, or $EDGEFL_CPU_LEVEL (x86-64 for a CPU older than 2015,
-x86-64-v4 for AVX-512), which keys the build like its sources do; keep it set wherever edgefl-device runs.
-arm64 builds target armv8-a.
+The trainer is compiled for a CPU level (AVX2 + FMA make its products 3-4x faster): x86-64-v3 by default, else
+$EDGEFL_CPU_LEVEL (e.g. x86-64 for a pre-2015 CPU), which keys the build; arm64 builds target armv8-a.
 
 The native device agent (`edgefl-device`, C++ under native/agent/, no ExecuTorch: paho.mqtt.c, OpenSSL and
 nlohmann-json from Debian) is built by the same `build` into the same bin/, beside the trainer it runs. Its
@@ -42,6 +40,7 @@ from edgefl.errors import ConfigError, MissingDependencyError
 EXECUTORCH_VERSION = "1.5.1"      # the exporter's version: programs and runtime must pair exactly
 BINARY = "edgefl-et-train"
 AGENT = "edgefl-device"
+KERNELS = "libedgefl_et_kernels.so"
 SOURCES = Path(__file__).parent / "native"
 AGENT_SOURCES = SOURCES / "agent"
 
@@ -108,13 +107,13 @@ def cpu_level(t: Target) -> Optional[str]:
 
 
 def build_stamp(t: Target) -> str:
-    """What a build folder's .sources holds: a build of other sources, or for another CPU level, is rebuilt."""
+    """A build folder's .sources: a build of other sources, or for another CPU level, is rebuilt."""
     return f"{source_hash()} {cpu_level(t) or 'armv8-a'}"
 
 
 def build_dir(t: Target) -> Path:
-    level = cpu_level(t)
-    return home() / "native" / f"{t.name}-{source_hash()}{'' if level in (None, 'x86-64-v3') else '-' + level}"
+    level = cpu_level(t) or "x86-64-v3"
+    return home() / "native" / f"{t.name}-{source_hash()}{'' if level == 'x86-64-v3' else '-' + level}"
 
 
 def staged(folder: Path) -> Path:
@@ -125,6 +124,10 @@ def staged(folder: Path) -> Path:
 
 def staged_agent(folder: Path) -> Path:
     return folder / "stage" / "bin" / AGENT
+
+
+def staged_kernels(folder: Path) -> Path:     # edgefl's kernels for the Python ExecuTorch trainer
+    return folder / "stage" / "kernels" / KERNELS
 
 
 def _find_built(env: str, in_stage: Callable[[Path], Path], on_path: Optional[str] = None) -> Optional[Path]:
@@ -147,6 +150,10 @@ def find_agent() -> Optional[Path]:
     return _find_built("EDGEFL_DEVICE_NATIVE", staged_agent)
 
 
+def find_kernels() -> Optional[Path]:     # $EDGEFL_ET_KERNELS, else the build cache
+    return _find_built("EDGEFL_ET_KERNELS", staged_kernels)
+
+
 def find_trainer() -> Optional[Path]:
     """The built trainer for this machine ($EDGEFL_ET_TRAIN, the build cache, PATH), or None."""
     return _find_built("EDGEFL_ET_TRAIN", staged, BINARY)
@@ -157,7 +164,7 @@ def require_trainer() -> Path:
     if trainer is None:
         raise MissingDependencyError(
             "the native ExecuTorch trainer is not built; build it with 'edgefl-device build-native' (needs cmake, "
-            "g++, nlohmann-json3-dev and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if "
+            "g++, nlohmann-json3-dev, libeigen3-dev and the executorch==" + EXECUTORCH_VERSION + " wheel, which it downloads if "
             "missing), or pass "
             "--trainer python for the Python reference trainer (imports torch)")
     return trainer
@@ -391,23 +398,3 @@ def runtime_libraries(target_name: Optional[str] = None) -> Path:
 
 NEEDED_LIBRARIES = ("libexecutorch.so", "libexecutorch_kernels_optimized.so", "libexecutorch_backend_xnnpack.so",
                     "libexecutorch_threadpool.so")
-
-
-FUZZ = SOURCES / "fuzz"
-
-
-def fuzz_targets() -> dict[str, Path]:
-    """The fuzz targets of the native parsers, by name: every folder under native/fuzz holding a harness.cpp
-    (LLVMFuzzerTestOneInput), its seed inputs in corpus/ and, optionally, `sources`: the .cpp files it links,
-    one per line, relative to native/."""
-    return {harness.parent.name: harness.parent for harness in sorted(FUZZ.glob("*/harness.cpp"))}
-
-
-def fuzz_compile_argv(compiler: str, folder: Path, out: Path, flags: list[str]) -> list[str]:
-    """The command line that builds the fuzz target in `folder` into `out`: the harness and its sources, with
-    native/src and native/ on the include path; `flags` choose libFuzzer (clang) or a replay main (g++)."""
-    listed = folder / "sources"
-    sources = [str(SOURCES / line.strip()) for line in listed.read_text().splitlines() if line.strip()] \
-        if listed.is_file() else []
-    return [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", *flags, "-I", str(SOURCES / "src"), "-I",
-            str(SOURCES), str(folder / "harness.cpp"), *sources, "-o", str(out)]

@@ -1,13 +1,14 @@
 """Export-friendly forms of the layers ExecuTorch trains badly, each with its layer's exact state_dict.
 
-ExecuTorch's portable convolution and addmm kernels (and their backward) are naive loops: a ResNet-20
-suffix took seconds per step (RUNTIME_NOTES). Written as the ops its runtime runs fast (slicing, `cat`,
-matrix products), the same layers train an order of magnitude faster:
+ExecuTorch's addmm kernel (and its backward) is a naive loop. Written as the ops its runtime runs fast
+(slicing, `cat`, matrix products), the same layers train an order of magnitude faster. Convolutions stay
+`nn.Conv2d`: the programs hold aten.convolution and aten.convolution_backward, which edgefl's kernels serve
+(device_runtime/native/src/kernels_conv.cpp: im2col of one sample at a time and a GEMM, in the native trainer
+and, through libedgefl_et_kernels.so, in the Python ExecuTorch trainer). They used to be rewritten here as
+shifted slices, concatenations and batched products, as the shipped convolution kernels are direct loops
+(seconds per ResNet-20 step): a patch matrix k*k times the input in the program's memory plan, and a
+backward of k*k slice scatters and input-sized additions.
 
-* `MatmulConv2d`: channels-last, zero padding by `cat` (F.pad's backward crashed the runtime), the k*k
-  shifted strided slices stacked along channels (im2col without an im2col kernel), a batched matrix
-  product with the weight laid out (kh, kw, in, out), a few samples at a time (`PATCH_BYTES`): the patch
-  matrix is k*k times the input, and a whole batch's of it was most of a program's memory plan.
 * `MatmulLinear`: x @ W^T + b as one matrix product (addmm's training kernel is the slow one), transposing
   the smaller of input and weight.
 * `SliceMaxPool2d`: max pooling as a max over stacked window slices (a reshape where windows tile the
@@ -22,7 +23,7 @@ matrix products), the same layers train an order of magnitude faster:
   batch or running statistics, so the training program evaluates too (no second program, no second
   memory plan on the device).
 
-Matrix products are written as large `bmm`/`mm`s, which the optimized kernels run at full speed, and
+Matrix products are written as large `bmm`/`mm`s, each one GEMM in edgefl's kernels, and
 transposes as `permute` (edgefl.export.executorch_program moves them onto the smaller operand). No
 parameter is ever reshaped directly: ExecuTorch's emitter cannot place a view of an external weight (an
 unsqueeze is a copy there).
@@ -52,65 +53,6 @@ def _pad_channels_last(x: torch.Tensor, ph: int, pw: int, value: float = 0.0) ->
         cols = x.new_full((n, h + 2 * ph, pw, c), value)
         x = torch.cat([cols, x, cols], dim=2)
     return x
-
-
-def _shifts(x: torch.Tensor, dim: int, k: int, stride: int, size: int) -> torch.Tensor:
-    """The k strided windows of `size` positions along `dim`, side by side along the last (channel) axis."""
-    index = (slice(None),) * dim
-    windows = [x[index + (slice(i, i + stride * (size - 1) + 1, stride),)] for i in range(k)]
-    return windows[0] if k == 1 else torch.cat(windows, dim=-1)
-
-
-# most bytes of one convolution's patch matrix built at once (MatmulConv2d). Each chunk costs graph nodes
-# (export time, and runtime metadata per instruction) and its patches cost arena memory: at 2 MiB a full
-# ResNet-20 suffix plans 55 MiB (4 MiB: 60; 1 MiB: 52) and exports in about 2 minutes (4 MiB: 1; 1 MiB: 4)
-PATCH_BYTES = 2 * 2**20
-
-
-class MatmulConv2d(nn.Module):
-    """nn.Conv2d (groups 1, dilation 1, zero padding): channels-last shifted slices + one batched product.
-
-    Channels-last makes the shifted slices stack along the contiguous axis, so the patch matrix
-    (N*Ho*Wo, kh*kw*Cin) needs no transpose; only the input and output change layout."""
-
-    def __init__(self, conv: nn.Conv2d):
-        super().__init__()
-        self.weight = conv.weight
-        self.bias = conv.bias
-        self.kernel, self.stride = _pair(conv.kernel_size), _pair(conv.stride)
-        self.padding = _pair(conv.padding)
-
-    @staticmethod
-    def supports(conv: nn.Conv2d) -> bool:
-        return (conv.groups == 1 and _pair(conv.dilation) == (1, 1) and conv.padding_mode == "zeros"
-                and not isinstance(conv.padding, str))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
-        n, c, h, w = x.shape
-        ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        cout = self.weight.shape[0]
-        # permute first: a view of the weight itself trips the emitter on external weights
-        weight = self.weight.permute(2, 3, 1, 0).reshape(1, kh * kw * c, cout)
-        # the patch matrix is kh*kw times the input: built for a few samples at a time, the program's memory
-        # plan holds one chunk's patches (and their backward's), not the batch's
-        rows = max(1, min(n, PATCH_BYTES // (ho * wo * kh * kw * c * x.element_size())))
-        parts = [self._product(part, weight, ho, wo) for part in (torch.split(x, rows) if rows < n else (x,))]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(n, ho, wo, cout).permute(0, 3, 1, 2)
-
-    def _product(self, x: torch.Tensor, weight: torch.Tensor, ho: int, wo: int) -> torch.Tensor:
-        """(1, rows * ho * wo, out channels): the convolution of NCHW samples `x`, before the bias."""
-        (kh, kw), (sh, sw) = self.kernel, self.stride
-        x = _pad_channels_last(x.permute(0, 2, 3, 1), *self.padding)
-        n, c = x.shape[0], x.shape[3]
-        # im2col in two passes (kw shifts along W, then kh along H): 2k slices instead of k*k, a third
-        # fewer graph nodes with the backward, and exporting costs time per node
-        cols = _shifts(x, 2, kw, sw, wo)                                           # (n, h, wo, kw*c)
-        cols = _shifts(cols, 1, kh, sh, ho)                                        # (n, ho, wo, kh*kw*c)
-        return torch.bmm(cols.reshape(1, n * ho * wo, kh * kw * c), weight)
 
 
 class MatmulLinear(nn.Module):
@@ -247,8 +189,6 @@ class TiledAvgPool2d(nn.Module):
 
 
 def _replacement(mod: nn.Module) -> nn.Module | None:
-    if type(mod) is nn.Conv2d and MatmulConv2d.supports(mod):
-        return MatmulConv2d(mod)
     if type(mod) is nn.Linear:
         return MatmulLinear(mod)
     if type(mod) is nn.BatchNorm2d and StatBatchNorm2d.supports(mod):
@@ -263,7 +203,7 @@ def _replacement(mod: nn.Module) -> nn.Module | None:
 
 
 def rewrite(module: nn.Module) -> nn.Module:
-    """A deep copy of `module` with its convolutions, linears and batch norms in export-friendly form."""
+    """A deep copy of `module` with its linears, batch norms and pools in export-friendly form."""
     out = copy.deepcopy(module)
     for parent in list(out.modules()):
         for name, child in list(parent.named_children()):

@@ -18,9 +18,10 @@ holds. Parameters are named in the program and the `.ptd` by their suffix state_
 Shapes are static, at the batch the artifact is exported for: a symbolic batch made exporting half again
 as slow, and ExecuTorch plans memory for the largest batch anyway.
 
-The training program runs on ExecuTorch's own kernels. Its products are large matrix products, which
-those run at full speed; what remains slow is the portable transpose, so autograd's transposes are moved
-onto the smaller operand (`_transpose_the_smaller_operand`). Memory: an alias autograd saves is read at
+The training program's operators are standard aten ones. Its convolutions, matrix products and the copies and
+reductions around them run on edgefl's kernels (device_runtime/native/src: registered in the native trainer,
+and in the Python bindings by the Python ExecuTorch trainer), the rest on ExecuTorch's; a transpose is a full
+copy, so autograd's transposes are moved onto the smaller operand (`_transpose_the_smaller_operand`). Memory: an alias autograd saves is read at
 its source (`_drop_aliases`), what the forward built only by moving data is built again in the backward
 instead of kept (`_rematerialize_patches`), and the plan packs tensors by offset
 (edgefl.export.et_memory_plan): a full ResNet-20 suffix at batch 32 plans 55 MiB where it planned 279. Handing the transposes to XNNPACK too
@@ -60,9 +61,8 @@ class _TrainingStep(nn.Module):
 
 def _transpose_the_smaller_operand(program: torch.export.ExportedProgram) -> None:
     """Rewrite a product X^T G (bmm, or mm) as (G^T X)^T where X is the larger: autograd's weight gradient
-    of a product transposes the activation (a convolution's 9x wider patch matrix), its input gradient the
-    weight, and a transpose is a full copy in ExecuTorch (its portable permute costs about as much as the
-    product itself)."""
+    of a product transposes the activation, its input gradient the weight, and a transpose is a full copy in
+    ExecuTorch."""
     aten, graph = torch.ops.aten, program.graph_module.graph
     output = graph.output_node()
     swaps = {aten.bmm.default: [0, 2, 1], aten.mm.default: [1, 0]}
@@ -128,13 +128,13 @@ def _drop_aliases(program: torch.export.ExportedProgram) -> None:
 def _rematerialize_patches(program: torch.export.ExportedProgram) -> None:
     """Recompute in the backward pass what the forward built only by moving data, instead of keeping it.
 
-    A rewritten convolution's patch matrix (edgefl.export.et_rewrites.MatmulConv2d: shifted slices of its
-    input, concatenated) is k*k times its input, and the weight gradient needs it again in the backward
-    pass: kept, every convolution's patches stay in the program's memory plan from its forward step to its
-    backward step, which made the plan several times what torch keeps (it keeps the input alone). Here each
-    forward value built by slicing and concatenation that the backward reads is built again right before
-    its first backward reader, from the tensors it was built from (the convolution's input, which the
-    backward keeps anyway), so the forward copy dies with its forward use."""
+    A max pool's stacked windows (edgefl.export.et_rewrites.SliceMaxPool2d: shifted slices of its input,
+    concatenated) are k*k times its input, and the backward needs them again: kept, they stay in the program's
+    memory plan from the forward step to the backward step (convolutions written the same way, before edgefl's
+    convolution kernels, made the plan several times what torch keeps). Here each forward value built by
+    slicing and concatenation that the backward reads is built again right before its first backward reader,
+    from the tensors it was built from (which the backward keeps anyway), so the forward copy dies with its
+    forward use."""
     from torch.export.graph_signature import OutputKind
 
     graph = program.graph_module.graph

@@ -25,6 +25,40 @@ from edgefl.errors import ArtifactError, ConfigError
 from edgefl.manifest import ArtifactSet, TensorEntry
 
 FQN_METHOD = "__et_training_fqn_forward"
+_KERNELS: list[str] = []      # what this process's programs run on, once decided
+
+
+def _edgefl_kernels() -> str:
+    """edgefl's kernels (convolutions and their backward, matrix products, copies, reductions: the native
+    trainer's, device_runtime/native/src) registered in ExecuTorch's Python bindings, which share the runtime
+    library and its kernel registry with them; once per process, before a program loads. The programs write
+    convolutions as aten.convolution, whose shipped kernels are direct loops (correct, tens of times slower):
+    without the library (not built) they run on those, with a note saying so. 'edgefl <level>' or 'shipped'."""
+    if _KERNELS:
+        return _KERNELS[0]
+    import ctypes
+    import sys
+
+    from edgefl.device_runtime import native
+    path, kernels = native.find_kernels(), "shipped"
+    if path is None:
+        print("edgefl: note: edgefl's ExecuTorch kernels are not built, so convolutions train on ExecuTorch's "
+              "reference kernels (tens of times slower); build them with 'edgefl-device build-native'",
+              file=sys.stderr)
+    else:
+        library = ctypes.CDLL(str(path))
+        library.edgefl_cpu_has_level.restype = library.edgefl_register_kernels.restype = ctypes.c_bool
+        library.edgefl_kernels_cpu_level.restype = ctypes.c_char_p
+        level = library.edgefl_kernels_cpu_level().decode()
+        if not library.edgefl_cpu_has_level():
+            raise ConfigError(f"{path} was built for {level} CPUs and this CPU lacks that level; rebuild it for this "
+                              "CPU with 'EDGEFL_CPU_LEVEL=x86-64 edgefl-device build-native'")
+        if not library.edgefl_register_kernels():
+            raise ArtifactError(f"{path}: the ExecuTorch runtime loaded here lacks an operator edgefl's kernels "
+                                f"replace; install executorch=={native.EXECUTORCH_VERSION}")
+        kernels = f"edgefl {level}"
+    _KERNELS.append(kernels)
+    return kernels
 
 
 def _load(path: Path, data: Path | None = None):
@@ -60,6 +94,7 @@ class ExecuTorchTrainer(ArtifactTrainer):
 
         torch.set_num_threads(threads)
         et._unsafe_reset_threadpool(threads)      # nothing runs yet: the one moment this is safe
+        self.kernels = _edgefl_kernels()
         self._torch = torch
         m, folder = self.manifest, artifacts.folder
         self.rows = int(m.extra["batch"])

@@ -72,7 +72,7 @@ def native_agent() -> Path:
     found = find_agent()
     if found is None:
         raise MissingDependencyError("--agent native: the native agent is not built; build it with 'edgefl-device "
-                                     "build-native' (needs cmake, g++, libpaho-mqtt-dev, libssl-dev, nlohmann-json3-dev)")
+                                     "build-native' (needs cmake, g++, libpaho-mqtt-dev, libssl-dev, nlohmann-json3-dev, libeigen3-dev)")
     return found
 
 

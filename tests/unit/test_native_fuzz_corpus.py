@@ -1,6 +1,6 @@
 """device_runtime/native/fuzz: every committed fuzz input replays cleanly, without clang or libFuzzer.
 
-Each fuzz target (a folder under native/fuzz with a harness.cpp, found by edgefl.device_runtime.native.fuzz_targets)
+Each fuzz target (a folder under native/fuzz with a harness.cpp, found by edgefl.device_runtime.native_fuzz.fuzz_targets)
 is built with g++ and -fsanitize=address,undefined around a small replay main (native/fuzz/replay_main.cpp) that
 calls the harness's LLVMFuzzerTestOneInput on each file of the target's corpus/: the seed inputs and what
 bench/fuzz_native.py --merge added, crashes it found included. Guarantees that:
@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from edgefl.device_runtime import native
+from edgefl.device_runtime import native_fuzz
 
-TARGETS = native.fuzz_targets()
+TARGETS = native_fuzz.fuzz_targets()
 # -O0: the build is most of the time (nlohmann-json); UBSan findings abort, so a report cannot pass as a warning
 FLAGS = ["-g1", "-O0", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-         str(native.FUZZ / "replay_main.cpp")]
+         str(native_fuzz.FUZZ / "replay_main.cpp")]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def replayers(tmp_path_factory):
 
     def build(name):
         binary = out / f"replay_{name}"
-        proc = subprocess.run(native.fuzz_compile_argv(gxx, TARGETS[name], binary, FLAGS), capture_output=True,
+        proc = subprocess.run(native_fuzz.fuzz_compile_argv(gxx, TARGETS[name], binary, FLAGS), capture_output=True,
                               text=True)
         return name, binary, proc
 

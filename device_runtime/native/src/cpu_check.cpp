@@ -1,24 +1,17 @@
 // The trainer is compiled for EDGEFL_CPU_LEVEL (CMakeLists.txt); on a CPU without it the first vector instruction
-// would kill it with SIGILL and no word why. This file alone is compiled for the architecture's baseline, and
-// checks from the program's preinit array: before any initializer runs, the shared libraries' included (they may
-// call inline functions the trainer defines, compiled for the level).
+// would kill it with SIGILL and no word why. This file is compiled for the architecture's baseline, and checks
+// from the program's preinit array: before any initializer runs, the shared libraries' included (they may call
+// inline functions the trainer defines, compiled for the level).
 #include <unistd.h>
 
 #include <cstring>
 
+#include "cpu_level.h"
+
 namespace {
 
-bool cpu_has_level() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports(EDGEFL_CPU_LEVEL);
-#else
-  return true;    // aarch64: the level is armv8-a, which every arm64 CPU runs
-#endif
-}
-
 void refuse_a_cpu_without_the_level() {
-  if (cpu_has_level()) return;
+  if (edgefl_cpu_has_level()) return;
   const char* parts[] = {"edgefl-et-train: this trainer was built for ", EDGEFL_CPU_LEVEL,
                          " CPUs and this CPU lacks that level (v2: SSE4.2, v3: AVX2 and FMA, v4: AVX-512); rebuild it for this "
                          "CPU with 'EDGEFL_CPU_LEVEL=x86-64 edgefl-device build-native' and keep EDGEFL_CPU_LEVEL "

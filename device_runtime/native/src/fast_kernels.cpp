@@ -44,13 +44,16 @@ std::deque<std::string>& keys() {
   return k;
 }
 
-// ranks of contiguous float32 tensors; a negative rank -r: an int64 tensor of rank r (indices)
+// an empty uint8 tensor of rank 1: what a program passes for an output the operator is told not to compute
+constexpr int kUnwanted = 100;
+
+// ranks of contiguous float32 tensors; a negative rank -r: an int64 tensor of rank r (indices); kUnwanted
 const char* key(const std::vector<int>& ranks) {
   static executorch::aten::DimOrderType order[kMaxRank] = {0, 1, 2, 3, 4, 5};
   std::vector<TensorMeta> metas;
   for (int r : ranks)
-    metas.emplace_back(r < 0 ? ScalarType::Long : ScalarType::Float,
-                       Span<executorch::aten::DimOrderType>(order, r < 0 ? -r : r));
+    metas.emplace_back(r == kUnwanted ? ScalarType::Byte : r < 0 ? ScalarType::Long : ScalarType::Float,
+                       Span<executorch::aten::DimOrderType>(order, r == kUnwanted ? 1 : r < 0 ? -r : r));
   char buf[executorch::runtime::internal::kKernelKeyBufSize];
   if (executorch::runtime::internal::make_kernel_key_string({metas.data(), metas.size()}, buf, sizeof buf) !=
       executorch::runtime::Error::Ok)
@@ -85,11 +88,27 @@ bool register_fast_kernels() {
   f.max = shipped("aten::max.dim_max");
   f.bmm = shipped("aten::bmm.out");
   f.mm = shipped("aten::mm.out");
-  if (!f.max || !f.permute || !f.sum || !f.mean || !f.slice || !f.scatter || !f.cat || !f.bmm || !f.mm) return false;
+  f.convolution = shipped("aten::convolution.out");
+  f.convolution_backward = shipped("aten::convolution_backward.out");
+  for (OpFunction op : {f.max, f.permute, f.sum, f.mean, f.slice, f.scatter, f.cat, f.bmm, f.mm, f.convolution,
+                        f.convolution_backward})
+    if (!op) return false;
   std::vector<Kernel> kernels;
   // a program's instruction lists the out variant's return value (the out tensor again) after its arguments,
   // and the key is made of every tensor there: (self, out, out); the key without it serves a call by name
   for (bool ret : {false, true}) {
+    for (bool bias : {false, true}) {   // (input, weight[, bias], out[, out]): a missing bias is no tensor
+      std::vector<int> ranks = bias ? std::vector<int>{4, 4, 1, 4} : std::vector<int>{4, 4, 4};
+      if (ret) ranks.push_back(4);
+      kernels.emplace_back("aten::convolution.out", key(ranks), convolution_out);
+    }
+    // (grad_output, input, weight, out0, out1, out2): the returned tensor list is no part of a key
+    for (int grad_input : {4, kUnwanted})
+      for (int grad_weight : {4, kUnwanted})
+        for (int grad_bias : {1, kUnwanted})
+          if (!ret)
+            kernels.emplace_back("aten::convolution_backward.out",
+                                 key({4, 4, 4, grad_input, grad_weight, grad_bias}), convolution_backward_out);
     for (int r : {3, 2})   // (self, mat2, out[, out])
       kernels.emplace_back(r == 3 ? "aten::bmm.out" : "aten::mm.out", key(std::vector<int>(ret ? 4 : 3, r)),
                            r == 3 ? bmm_out : mm_out);

@@ -8,8 +8,21 @@
 
 namespace edgefl {
 
-// c (m x n) = a (m x k) . b (k x n), all row-major and dense; c may not overlap a or b.
-void gemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c);
+// A row-major matrix operand: `rows` x `cols` as the product reads it; `transposed`: stored as its transpose
+// (cols x rows, row-major), so a transpose costs no copy.
+struct Operand {
+  const float* data;
+  int64_t rows, cols;
+  bool transposed = false;
+};
+
+// c (a.rows x b.cols, row-major, dense) = a . b, or += with `accumulate`; c may not overlap a or b.
+void gemm(const Operand& a, const Operand& b, float* c, bool accumulate = false);
+
+// The common case: c (m x n) = a (m x k) . b (k x n), all dense row-major.
+inline void gemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c) {
+  gemm(Operand{a, m, k}, Operand{b, k, n}, c);
+}
 
 // The instruction set gemm was compiled for ("x86-64-v3", "armv8-a", ...), for the trainer's report.
 const char* gemm_cpu_level();

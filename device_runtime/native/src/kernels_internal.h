@@ -26,15 +26,16 @@ using Dims = std::vector<int64_t>;
 
 struct Fallbacks {
   OpFunction permute = nullptr, sum = nullptr, mean = nullptr, slice = nullptr, scatter = nullptr, cat = nullptr,
-             max = nullptr, bmm = nullptr, mm = nullptr;
+             max = nullptr, bmm = nullptr, mm = nullptr,
+             convolution = nullptr, convolution_backward = nullptr;
 };
 Fallbacks& fallbacks();
 
 // calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
 // tensors never match the keys runs on the shipped kernels alone, and shows it
-enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kOps };
+enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kOps };
 const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean",
-                                    "bmm", "mm"};
+                                    "bmm", "mm", "convolution", "convolution_backward"};
 extern uint64_t calls[kOps];
 
 inline bool plain_float(const Tensor& t) {
@@ -63,5 +64,7 @@ void sum_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void mean_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void bmm_out(KernelRuntimeContext& context, Span<EValue*> stack);            // kernels_matmul.cpp
 void mm_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void convolution_out(KernelRuntimeContext& context, Span<EValue*> stack);   // kernels_conv.cpp
+void convolution_backward_out(KernelRuntimeContext& context, Span<EValue*> stack);
 
 }  // namespace edgefl::kernels

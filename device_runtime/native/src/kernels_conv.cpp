@@ -1,0 +1,251 @@
+// 2-D convolution and its backward (fast_kernels.cpp registers them): one sample at a time, im2col into a
+// per-thread scratch matrix and a GEMM (gemm.h) straight into the NCHW output, col2im for the input's gradient.
+// The shipped kernels for these two operators are direct loops (seconds per ResNet step), which is why the
+// exporter used to write convolutions as slices, concatenations and batched products (export/et_rewrites.py):
+// a patch matrix k*k times the input in the program's memory plan, and a backward of k*k slice scatters and
+// additions of input-sized tensors. Here a patch matrix is one sample's, outside the plan: the largest
+// convolution's, per thread, kept for the next step (edgefl.cost: the executorch family terms hold it).
+//
+// Served: float32 NCHW, groups 1, not transposed, any stride, padding and dilation; anything else goes to the
+// shipped kernel. With --threads above 1 samples are split across the thread pool; the weight and bias
+// gradients are then summed per thread's run of samples, then across runs in order (rounding differs from
+// --threads 1 in the last bits, and is the same for a given thread count).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <executorch/runtime/core/function_ref.h>
+
+#include "gemm.h"
+#include "kernels_internal.h"
+
+namespace executorch::extension {
+bool parallel_for(int64_t begin, int64_t end, int64_t grain_size,
+                  executorch::runtime::FunctionRef<void(int64_t, int64_t)> f);
+int64_t get_thread_count();
+}  // namespace executorch::extension
+
+namespace edgefl::kernels {
+
+namespace {
+
+struct Geometry {
+  int64_t n, c, h, w, o, kh, kw, ho, wo, sh, sw, ph, pw, dh, dw;
+  int64_t patch_rows() const { return c * kh * kw; }
+  int64_t positions() const { return ho * wo; }
+  // a 1x1 kernel over every position: the input sample is its own patch matrix
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+bool pair(const EValue* v, int64_t& first, int64_t& second) {
+  if (!v->isIntList()) return false;
+  auto list = v->toIntList();
+  if (list.size() == 1) first = second = list[0];
+  else if (list.size() == 2) first = list[0], second = list[1];
+  else return false;
+  return true;
+}
+
+// the convolution's shape from its input and weight and the stack's stride, padding, dilation, transposed,
+// output padding and groups (at `at`); false where this file does not serve it
+bool geometry(const Tensor& in, const Tensor& weight, Span<EValue*> stack, size_t at, Geometry& g) {
+  if (!plain_float(in) || !plain_float(weight) || in.dim() != 4 || weight.dim() != 4 || weight.size(1) != in.size(1))
+    return false;
+  if (!pair(stack[at], g.sh, g.sw) || !pair(stack[at + 1], g.ph, g.pw) || !pair(stack[at + 2], g.dh, g.dw) ||
+      !stack[at + 3]->isBool() || stack[at + 3]->toBool() || !stack[at + 5]->isInt() || stack[at + 5]->toInt() != 1)
+    return false;
+  g.n = in.size(0), g.c = in.size(1), g.h = in.size(2), g.w = in.size(3);
+  g.o = weight.size(0), g.kh = weight.size(2), g.kw = weight.size(3);
+  if (g.sh < 1 || g.sw < 1 || g.ph < 0 || g.pw < 0 || g.dh < 1 || g.dw < 1) return false;
+  g.ho = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  return g.ho > 0 && g.wo > 0;
+}
+
+bool sized(const Tensor& t, std::initializer_list<int64_t> sizes) {
+  if (!plain_float(t) || t.dim() != static_cast<int64_t>(sizes.size())) return false;
+  int64_t i = 0;
+  for (int64_t s : sizes)
+    if (t.size(i++) != s) return false;
+  return true;
+}
+
+// the output columns [first, last) whose input column ow * sw - pw + j * dw falls inside the row (the rest
+// read padding)
+void inside(const Geometry& g, int64_t j, int64_t& first, int64_t& last) {
+  const int64_t shift = j * g.dw - g.pw;                     // input column of output column 0
+  first = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
+  last = g.w - shift <= 0 ? 0 : std::min(g.wo, (g.w - shift + g.sw - 1) / g.sw);
+  first = std::min(first, last);
+}
+
+// cols (c*kh*kw, ho*wo) of one sample x (c, h, w)
+void im2col(const Geometry& g, const float* x, float* cols) {
+  for (int64_t c = 0; c < g.c; c++)
+    for (int64_t i = 0; i < g.kh; i++)
+      for (int64_t j = 0; j < g.kw; j++) {
+        float* row = cols + ((c * g.kh + i) * g.kw + j) * g.positions();
+        int64_t first, last;
+        inside(g, j, first, last);
+        const int64_t shift = j * g.dw - g.pw;
+        for (int64_t oh = 0; oh < g.ho; oh++) {
+          const int64_t ih = oh * g.sh - g.ph + i * g.dh;
+          float* out = row + oh * g.wo;
+          if (ih < 0 || ih >= g.h) {
+            std::fill(out, out + g.wo, 0.0f);
+            continue;
+          }
+          const float* in = x + (c * g.h + ih) * g.w + shift;
+          std::fill(out, out + first, 0.0f);
+          if (g.sw == 1) std::memcpy(out + first, in + first, static_cast<size_t>(last - first) * sizeof(float));
+          else
+            for (int64_t ow = first; ow < last; ow++) out[ow] = in[ow * g.sw];
+          std::fill(out + last, out + g.wo, 0.0f);
+        }
+      }
+}
+
+// dx (c, h, w) = the sum of cols' entries over the positions each input element was copied to
+void col2im(const Geometry& g, const float* cols, float* dx) {
+  std::fill(dx, dx + g.c * g.h * g.w, 0.0f);
+  for (int64_t c = 0; c < g.c; c++)
+    for (int64_t i = 0; i < g.kh; i++)
+      for (int64_t j = 0; j < g.kw; j++) {
+        const float* row = cols + ((c * g.kh + i) * g.kw + j) * g.positions();
+        int64_t first, last;
+        inside(g, j, first, last);
+        const int64_t shift = j * g.dw - g.pw;
+        for (int64_t oh = 0; oh < g.ho; oh++) {
+          const int64_t ih = oh * g.sh - g.ph + i * g.dh;
+          if (ih < 0 || ih >= g.h) continue;
+          float* x = dx + (c * g.h + ih) * g.w + shift;
+          const float* in = row + oh * g.wo;
+          for (int64_t ow = first; ow < last; ow++) x[ow * g.sw] += in[ow];
+        }
+      }
+}
+
+float* scratch(int64_t floats, int which) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& b = buffers[which];
+  if (static_cast<int64_t>(b.size()) < floats) b.resize(static_cast<size_t>(floats));
+  return b.data();
+}
+
+// f(begin, end, run) over samples: one run of samples per thread (run 0 with one thread)
+template <typename F>
+void over_samples(int64_t n, F f) {
+  const int64_t runs = std::min<int64_t>(n, std::max<int64_t>(1, executorch::extension::get_thread_count()));
+  if (runs == 1) return f(0, n, 0);
+  executorch::extension::parallel_for(0, runs, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; r++) f(n * r / runs, n * (r + 1) / runs, r);
+  });
+}
+
+}  // namespace
+
+// convolution.out(input, weight, bias?, stride, padding, dilation, transposed, output_padding, groups, *, out)
+void convolution_out(KernelRuntimeContext& context, Span<EValue*> stack) {
+  const Tensor& in = stack[0]->toTensor();
+  const Tensor& weight = stack[1]->toTensor();
+  Tensor& out = stack[9]->toTensor();
+  Geometry g;
+  const bool biased = !stack[2]->isNone();
+  if (!geometry(in, weight, stack, 3, g) || !sized(out, {g.n, g.o, g.ho, g.wo}) ||
+      (biased && !sized(stack[2]->toTensor(), {g.o})))
+    return fallbacks().convolution(context, stack);
+  const float* x = in.const_data_ptr<float>();
+  const float* w = weight.const_data_ptr<float>();
+  const float* bias = biased ? stack[2]->toTensor().const_data_ptr<float>() : nullptr;
+  float* y = out.mutable_data_ptr<float>();
+  const int64_t rows = g.patch_rows(), positions = g.positions();
+  over_samples(g.n, [&](int64_t begin, int64_t end, int64_t) {
+    for (int64_t s = begin; s < end; s++) {
+      const float* cols = x + s * g.c * g.h * g.w;
+      if (!g.pointwise()) {
+        float* buffer = scratch(rows * positions, 0);
+        im2col(g, cols, buffer);
+        cols = buffer;
+      }
+      float* ys = y + s * g.o * positions;
+      gemm(Operand{w, g.o, rows}, Operand{cols, rows, positions}, ys);
+      if (bias)
+        for (int64_t o = 0; o < g.o; o++)
+          for (int64_t p = 0; p < positions; p++) ys[o * positions + p] += bias[o];
+    }
+  });
+  calls[kConv]++;
+}
+
+// convolution_backward.out(grad_output, input, weight, bias_sizes?, stride, padding, dilation, transposed,
+// output_padding, groups, output_mask, *, out0 (input's gradient), out1 (weight's), out2 (bias'))
+void convolution_backward_out(KernelRuntimeContext& context, Span<EValue*> stack) {
+  const Tensor& grad = stack[0]->toTensor();
+  const Tensor& in = stack[1]->toTensor();
+  const Tensor& weight = stack[2]->toTensor();
+  Geometry g;
+  if (!geometry(in, weight, stack, 4, g) || !sized(grad, {g.n, g.o, g.ho, g.wo}) || !stack[10]->isBoolList() ||
+      stack[10]->toBoolList().size() != 3)
+    return fallbacks().convolution_backward(context, stack);
+  const auto mask = stack[10]->toBoolList();
+  Tensor& dx_t = stack[11]->toTensor();
+  Tensor& dw_t = stack[12]->toTensor();
+  Tensor& db_t = stack[13]->toTensor();
+  if ((mask[0] && !sized(dx_t, {g.n, g.c, g.h, g.w})) || (mask[1] && !sized(dw_t, {g.o, g.c, g.kh, g.kw})) ||
+      (mask[2] && !sized(db_t, {g.o})))
+    return fallbacks().convolution_backward(context, stack);
+  const float* dy = grad.const_data_ptr<float>();
+  const float* x = in.const_data_ptr<float>();
+  const float* w = weight.const_data_ptr<float>();
+  const int64_t rows = g.patch_rows(), positions = g.positions(), per_sample = g.c * g.h * g.w;
+  const int64_t runs = std::min<int64_t>(g.n, std::max<int64_t>(1, executorch::extension::get_thread_count()));
+  // the weight and bias gradients of each run of samples; run 0's straight into the outputs
+  std::vector<float> partial_w(mask[1] ? (runs - 1) * g.o * rows : 0), partial_b(mask[2] ? (runs - 1) * g.o : 0);
+  float* dw = mask[1] ? dw_t.mutable_data_ptr<float>() : nullptr;
+  float* db = mask[2] ? db_t.mutable_data_ptr<float>() : nullptr;
+  over_samples(g.n, [&](int64_t begin, int64_t end, int64_t run) {
+    float* run_dw = run == 0 ? dw : partial_w.data() + (run - 1) * g.o * rows;
+    float* run_db = run == 0 ? db : partial_b.data() + (run - 1) * g.o;
+    if (run_db) std::fill(run_db, run_db + g.o, 0.0f);
+    for (int64_t s = begin; s < end; s++) {
+      const float* dys = dy + s * g.o * positions;
+      if (mask[1]) {
+        const float* cols = x + s * per_sample;
+        if (!g.pointwise()) {
+          float* buffer = scratch(rows * positions, 0);
+          im2col(g, cols, buffer);
+          cols = buffer;
+        }
+        // dW (o, rows) += dY_s (o, positions) . cols^T (positions, rows)
+        gemm(Operand{dys, g.o, positions}, Operand{cols, positions, rows, true}, run_dw, s > begin);
+      }
+      if (mask[0]) {
+        // dcols (rows, positions) = W^T (rows, o) . dY_s (o, positions), then back onto the input's positions
+        float* dxs = dx_t.mutable_data_ptr<float>() + s * per_sample;
+        if (g.pointwise()) {
+          gemm(Operand{w, rows, g.o, true}, Operand{dys, g.o, positions}, dxs);
+        } else {
+          float* dcols = scratch(rows * positions, 1);
+          gemm(Operand{w, rows, g.o, true}, Operand{dys, g.o, positions}, dcols);
+          col2im(g, dcols, dxs);
+        }
+      }
+      if (run_db)
+        for (int64_t o = 0; o < g.o; o++) {
+          float sum = 0.0f;
+          for (int64_t p = 0; p < positions; p++) sum += dys[o * positions + p];
+          run_db[o] += sum;
+        }
+    }
+  });
+  for (int64_t r = 1; r < runs; r++) {
+    if (dw)
+      for (int64_t i = 0; i < g.o * rows; i++) dw[i] += partial_w[(r - 1) * g.o * rows + i];
+    if (db)
+      for (int64_t o = 0; o < g.o; o++) db[o] += partial_b[(r - 1) * g.o + o];
+  }
+  calls[kConvBackward]++;
+}
+
+}  // namespace edgefl::kernels
