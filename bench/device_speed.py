@@ -18,7 +18,7 @@ Emulation makes its absolute times meaningless; what it reports is each kernel s
 same set's x86 step, so an arm64-only regression shows as a ratio apart from the x86 one (and from the other
 kernel set's, when both ran).
 
-    python bench/device_speed.py [--sets cnn-full,...] [--steps 30] [--runs 3] [--qemu] [--work DIR]
+    python bench/device_speed.py [--sets cnn-full,...] [--steps 30] [--runs 3] [--qemu [--qemu-steps 5]] [--work DIR]
                                  [--before BINARY:WORK[:AARCH64_BINARY]]
 """
 from __future__ import annotations
@@ -223,6 +223,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--qemu", action="store_true")
+    p.add_argument("--qemu-steps", type=int, default=5, help="steps per run under qemu (emulation is slow)")
     p.add_argument("--work", type=Path, help="export cache (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "device_speed.json")
     p.add_argument("--before", help="BINARY:WORK: another trainer build and the sets its exporter wrote")
@@ -249,6 +250,7 @@ def main() -> int:
                                ("torch", "torch_set")) if r in runtimes]
     result = {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": os.cpu_count(),
               "threads": 1, "steps": args.steps, "runs": args.runs, "batch_size": BATCH,
+              "qemu_steps": args.qemu_steps if args.qemu else None,
               "load_average_at_start": os.getloadavg()[0], "sets": {}}
     for name in sets:
         print(name, flush=True)
@@ -259,8 +261,7 @@ def main() -> int:
                                          "peak_rss": row["native"]["peak_rss_bytes"]
                                          / row["native_before"]["peak_rss_bytes"]}
         if args.qemu and "native" in row:
-            row["aarch64_qemu_relative"] = qemu_column(name, paths, row, max(3, args.steps // 3), args.runs,
-                                                       before or ())
+            row["aarch64_qemu_relative"] = qemu_column(name, paths, row, args.qemu_steps, args.runs, before or ())
         result["sets"][name] = row
         result["load_average_at_end"] = os.getloadavg()[0]     # a shared machine: how busy it was
         args.out.parent.mkdir(parents=True, exist_ok=True)

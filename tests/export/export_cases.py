@@ -82,6 +82,11 @@ class ExportCache:
         from edgefl.export.backends import get_backend
         from edgefl.export.pipeline import export_set
         key = (backend, ref, config)
+        if backend == "executorch" and not self.sets.get("native"):
+            # the Python ExecuTorch trainer runs convolutions on edgefl's kernels (libedgefl_et_kernels.so,
+            # built with the native trainer), as devices do; without them on ExecuTorch's direct loops
+            from edgefl.device_runtime import native
+            self.sets["native"] = native.build()
         if key not in self.sets:
             self.sets[key] = export_set(ref, config, global_state(ref), get_backend(backend),
                                         self.root / f"{backend}-{ref.name}-{config.hash()}")

@@ -11,7 +11,8 @@
 // built for AVX2 + FMA or AVX-512: gemm.h), and data-moving and reducing operators that spend their time outside
 // arithmetic: the shipped permute_copy computes a multi-dimensional index per element (16% of a CNN step under
 // perf, before any product), their sum/mean walk reduced dimensions through per-element index arithmetic
-// (get_init_index, 8%). These work on runs of contiguous memory instead.
+// (get_init_index, 8%), their where/le (relu's backward) walk broadcast indices per element. These work on runs of
+// contiguous memory instead.
 //
 // They take over through ExecuTorch's kernel keys: a kernel registered for a dtype and dim order wins over the
 // fallback kernel the shipped library registers for the same operator, whatever the registration order. Each
@@ -22,7 +23,8 @@
 // agree with the shipped kernels' and with torch's within the parity tolerance (tests/export/test_native_kernels.py).
 //
 // The kernels themselves: kernels_move.cpp (copies), kernels_reduce.cpp (reductions), kernels_matmul.cpp
-// (products); what they share: kernels_internal.h. This file registers them.
+// (products), kernels_conv.cpp (convolutions), kernels_select.cpp (where, le); what they share:
+// kernels_internal.h. This file registers them.
 namespace edgefl {
 namespace kernels {
 
@@ -47,19 +49,31 @@ std::deque<std::string>& keys() {
 // an empty uint8 tensor of rank 1: what a program passes for an output the operator is told not to compute
 constexpr int kUnwanted = 100;
 
-// ranks of contiguous float32 tensors; a negative rank -r: an int64 tensor of rank r (indices); kUnwanted
-const char* key(const std::vector<int>& ranks) {
+// a tensor of a kernel key: dtype and rank (contiguous)
+struct Meta {
+  ScalarType type;
+  int rank;
+};
+
+const char* key(const std::vector<Meta>& tensors) {
   static executorch::aten::DimOrderType order[kMaxRank] = {0, 1, 2, 3, 4, 5};
   std::vector<TensorMeta> metas;
-  for (int r : ranks)
-    metas.emplace_back(r == kUnwanted ? ScalarType::Byte : r < 0 ? ScalarType::Long : ScalarType::Float,
-                       Span<executorch::aten::DimOrderType>(order, r == kUnwanted ? 1 : r < 0 ? -r : r));
+  for (const Meta& t : tensors) metas.emplace_back(t.type, Span<executorch::aten::DimOrderType>(order, t.rank));
   char buf[executorch::runtime::internal::kKernelKeyBufSize];
   if (executorch::runtime::internal::make_kernel_key_string({metas.data(), metas.size()}, buf, sizeof buf) !=
       executorch::runtime::Error::Ok)
     return nullptr;
   keys().emplace_back(buf);
   return keys().back().c_str();
+}
+
+// ranks of contiguous float32 tensors; a negative rank -r: an int64 tensor of rank r (indices); kUnwanted
+const char* key(const std::vector<int>& ranks) {
+  std::vector<Meta> metas;
+  for (int r : ranks)
+    metas.push_back(r == kUnwanted ? Meta{ScalarType::Byte, 1} : r < 0 ? Meta{ScalarType::Long, -r}
+                                                                       : Meta{ScalarType::Float, r});
+  return key(metas);
 }
 
 OpFunction shipped(const char* name) {
@@ -90,8 +104,12 @@ bool register_fast_kernels() {
   f.mm = shipped("aten::mm.out");
   f.convolution = shipped("aten::convolution.out");
   f.convolution_backward = shipped("aten::convolution_backward.out");
+  f.where = shipped("aten::where.self_out");
+  f.le = shipped("aten::le.Scalar_out");
+  f.expand = shipped("aten::expand_copy.out");
+  f.scatter_src = shipped("aten::scatter.src_out");
   for (OpFunction op : {f.max, f.permute, f.sum, f.mean, f.slice, f.scatter, f.cat, f.bmm, f.mm, f.convolution,
-                        f.convolution_backward})
+                        f.convolution_backward, f.where, f.le, f.expand, f.scatter_src})
     if (!op) return false;
   std::vector<Kernel> kernels;
   // a program's instruction lists the out variant's return value (the out tensor again) after its arguments,
@@ -113,9 +131,28 @@ bool register_fast_kernels() {
       kernels.emplace_back(r == 3 ? "aten::bmm.out" : "aten::mm.out", key(std::vector<int>(ret ? 4 : 3, r)),
                            r == 3 ? bmm_out : mm_out);
   }
+  // relu's backward: le(x, 0) then where(mask, 0, grad), the zero a rank-0 tensor
+  constexpr ScalarType kBool = ScalarType::Bool, kFloat = ScalarType::Float;
+  for (int r = 1; r <= kMaxRank; r++)
+    for (bool ret : {false, true}) {
+      std::vector<Meta> le = {{kFloat, r}, {kBool, r}};
+      if (ret) le.push_back({kBool, r});
+      kernels.emplace_back("aten::le.Scalar_out", key(le), le_scalar_out);
+      for (int a : {0, r})
+        for (int b : {0, r}) {
+          std::vector<Meta> where = {{kBool, r}, {kFloat, a}, {kFloat, b}, {kFloat, r}};
+          if (ret) where.push_back({kFloat, r});
+          kernels.emplace_back("aten::where.self_out", key(where), where_out);
+        }
+    }
   for (int r = 1; r <= kMaxRank; r++) {
     for (bool ret : {false, true}) {
       const std::vector<int> same = ret ? std::vector<int>{r, r, r} : std::vector<int>{r, r};
+      kernels.emplace_back("aten::scatter.src_out",      // (self, index, src, out[, out])
+                           key(ret ? std::vector<int>{r, -r, r, r, r} : std::vector<int>{r, -r, r, r}), scatter_src_out);
+      for (int in = 0; in <= r; in++)       // (self, out[, out]): self of any rank up to out's
+        kernels.emplace_back("aten::expand_copy.out", key(ret ? std::vector<int>{in, r, r} : std::vector<int>{in, r}),
+                             expand_copy_out);
       kernels.emplace_back("aten::permute_copy.out", key(same), permute_copy_out);
       kernels.emplace_back("aten::slice_copy.Tensor_out", key(same), slice_copy_out);
       kernels.emplace_back("aten::slice_scatter.out", key(ret ? std::vector<int>{r, r, r, r} : std::vector<int>{r, r, r}),

@@ -27,15 +27,18 @@ using Dims = std::vector<int64_t>;
 struct Fallbacks {
   OpFunction permute = nullptr, sum = nullptr, mean = nullptr, slice = nullptr, scatter = nullptr, cat = nullptr,
              max = nullptr, bmm = nullptr, mm = nullptr,
-             convolution = nullptr, convolution_backward = nullptr;
+             convolution = nullptr, convolution_backward = nullptr, where = nullptr, le = nullptr, expand = nullptr,
+             scatter_src = nullptr;
 };
 Fallbacks& fallbacks();
 
 // calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
 // tensors never match the keys runs on the shipped kernels alone, and shows it
-enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kOps };
+enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kWhere, kLe, kExpand,
+          kScatterSrc, kOps };
 const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean",
-                                    "bmm", "mm", "convolution", "convolution_backward"};
+                                    "bmm", "mm", "convolution", "convolution_backward", "where", "le",
+                                    "expand_copy", "scatter"};
 extern uint64_t calls[kOps];
 
 inline bool plain_float(const Tensor& t) {
@@ -59,6 +62,8 @@ void permute_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);   // 
 void slice_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void slice_scatter_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void cat_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void expand_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void scatter_src_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack);        // kernels_reduce.cpp
 void sum_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void mean_out(KernelRuntimeContext& context, Span<EValue*> stack);
@@ -66,5 +71,7 @@ void bmm_out(KernelRuntimeContext& context, Span<EValue*> stack);            // 
 void mm_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void convolution_out(KernelRuntimeContext& context, Span<EValue*> stack);   // kernels_conv.cpp
 void convolution_backward_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void where_out(KernelRuntimeContext& context, Span<EValue*> stack);         // kernels_select.cpp
+void le_scalar_out(KernelRuntimeContext& context, Span<EValue*> stack);
 
 }  // namespace edgefl::kernels
