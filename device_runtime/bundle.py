@@ -85,12 +85,12 @@ def _setuptools_builds_wheels() -> bool:
 
 
 def install_trainer(build: Path, prefix: Path) -> Path:
-    """`cmake --install`: the trainer under prefix/bin with its RUNPATH set to $ORIGIN/../lib alone (the build
-    tree's binary also looks in this machine's SDK folder)."""
+    """`cmake --install` of the trainer alone (not the kernels library for Python): under prefix/bin with its
+    RUNPATH set to $ORIGIN/../lib alone (the build tree's binary also looks in this machine's SDK folder)."""
     cmake = native._tool("cmake", "install it with: apt-get install cmake (3.19 or newer)")
     with native._locked(build / ".lock"):
-        proc = subprocess.run([cmake, "--install", str(build), "--prefix", str(prefix)], capture_output=True,
-                              text=True)
+        proc = subprocess.run([cmake, "--install", str(build), "--prefix", str(prefix), "--component", "trainer"],
+                              capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"installing {native.BINARY} from {build} failed:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")
