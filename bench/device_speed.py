@@ -210,9 +210,12 @@ def qemu_column(name: str, paths: dict, x86: dict, steps: int, runs: int, before
         times = [native_step(program, sets, steps, kernels, prefix, env)["step_seconds"] * 1e3 for _ in range(runs)]
         out[key] = {"step_ms_under_qemu": statistics.median(times),
                     "over_x86": statistics.median(times) / x86[key]["step_ms"]}
-    if len(out) == 2:
+    if "native" in out and "native_shipped" in out:
         out["edgefl_over_shipped_under_qemu"] = (out["native"]["step_ms_under_qemu"]
                                                  / out["native_shipped"]["step_ms_under_qemu"])
+    if "native" in out and "native_before" in out:
+        out["native_over_before_under_qemu"] = (out["native"]["step_ms_under_qemu"]
+                                                / out["native_before"]["step_ms_under_qemu"])
     return out
 
 

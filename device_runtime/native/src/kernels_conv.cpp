@@ -15,16 +15,8 @@
 #include <cstring>
 #include <vector>
 
-#include <executorch/runtime/core/function_ref.h>
-
 #include "gemm.h"
 #include "kernels_internal.h"
-
-namespace executorch::extension {
-bool parallel_for(int64_t begin, int64_t end, int64_t grain_size,
-                  executorch::runtime::FunctionRef<void(int64_t, int64_t)> f);
-int64_t get_thread_count();
-}  // namespace executorch::extension
 
 namespace edgefl::kernels {
 

@@ -5,17 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <executorch/runtime/core/function_ref.h>
-
 #include "gemm.h"
 #include "kernels_internal.h"
-
-namespace executorch::extension {
-// libexecutorch_threadpool's; the wheel ships the symbols but not the header (extension/parallel)
-bool parallel_for(int64_t begin, int64_t end, int64_t grain_size,
-                  executorch::runtime::FunctionRef<void(int64_t, int64_t)> f);
-int64_t get_thread_count();
-}  // namespace executorch::extension
 
 namespace edgefl::kernels {
 
