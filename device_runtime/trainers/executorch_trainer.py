@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from edgefl.device_runtime.trainers.base import IGNORE_INDEX, ArtifactTrainer, in_chunks, read_npz
-from edgefl.errors import ArtifactError, ConfigError
+from edgefl.errors import ArtifactError, ConfigError, MissingDependencyError
 from edgefl.manifest import ArtifactSet, TensorEntry
 
 FQN_METHOD = "__et_training_fqn_forward"
@@ -46,7 +46,11 @@ def _edgefl_kernels() -> str:
               "reference kernels (tens of times slower); build them with 'edgefl-device build-native'",
               file=sys.stderr)
     else:
-        library = ctypes.CDLL(str(path))
+        try:
+            library = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise MissingDependencyError(f"{path}: cannot be loaded ({exc}); rebuild it with 'edgefl-device "
+                                         "build-native'") from None
         library.edgefl_cpu_has_level.restype = library.edgefl_register_kernels.restype = ctypes.c_bool
         library.edgefl_kernels_cpu_level.restype = ctypes.c_char_p
         level = library.edgefl_kernels_cpu_level().decode()
