@@ -251,8 +251,11 @@ def test_enforce_memory_kills_the_native_agents_training_process_and_the_agent_g
         cap = int(why.split("its cap ")[1].split(" B")[0])
         metrics = record["device_metrics"][TIGHT]
         assert metrics["agent"] == "native"
-        # the cap is the budget less what the agent held as it started the child
-        assert 0 < TIGHT_BUDGET - cap <= metrics["agent_peak_bytes"], (cap, metrics)
+        # the cap is the budget less what the agent held as it started the child (VmRSS then), at most its VmHWM
+        # read later, within a MiB: the kernel raises its high-water mark when memory is unmapped, not when pages
+        # are dropped by madvise (as glibc's free trims a heap), and its RSS counters are per-CPU and read
+        # approximately; a CI run saw VmRSS 60 KiB above the VmHWM read after it
+        assert 0 < TIGHT_BUDGET - cap <= metrics["agent_peak_bytes"] + MiB, (cap, metrics)
         # a killed round keeps its measured peak: the training process's and the agent's
         measured = record["measured_peak_bytes"][TIGHT]
         assert metrics["child_peak_bytes"] > 0 and measured == metrics["child_peak_bytes"] + metrics["agent_peak_bytes"]
