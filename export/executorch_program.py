@@ -21,13 +21,13 @@ as slow, and ExecuTorch plans memory for the largest batch anyway.
 The training program's operators are standard aten ones. Its convolutions, matrix products and the copies and
 reductions around them run on edgefl's kernels (device_runtime/native/src: registered in the native trainer,
 and in the Python bindings by the Python ExecuTorch trainer), the rest on ExecuTorch's; a transpose is a full
-copy, so autograd's transposes are moved onto the smaller operand (`_transpose_the_smaller_operand`). Memory: an alias autograd saves is read at
-its source (`_drop_aliases`), what the forward built only by moving data is built again in the backward
-instead of kept (`_rematerialize_patches`), and the plan packs tensors by offset
-(edgefl.export.et_memory_plan): a full ResNet-20 suffix at batch 32 plans 55 MiB where it planned 279. Handing the transposes to XNNPACK too
-would cut a ResNet-20 step by about a fifth but cost about half a second of export per delegated
-partition (about 75 in a suffix), and partitions must never read a parameter: a delegate copies the
-program tensors it reads into its own blob, out of the optimizer's reach.
+copy, so autograd's transposes are moved onto the smaller operand (`_transpose_the_smaller_operand`). Memory:
+an alias autograd saves is read at its source (`_drop_aliases`), what the forward built only by moving data is
+built again in the backward instead of kept (`_rematerialize_patches`), and the plan packs tensors by offset
+(edgefl.export.et_memory_plan): a full ResNet-20 suffix at batch 32 plans 55 MiB where it planned 279. Handing
+the transposes to XNNPACK too would cut a ResNet-20 step by about a fifth but cost about half a second of export
+per delegated partition (about 75 in a suffix), and partitions must never read a parameter: a delegate copies
+the program tensors it reads into its own blob, out of the optimizer's reach.
 """
 from __future__ import annotations
 

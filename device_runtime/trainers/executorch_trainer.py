@@ -25,7 +25,7 @@ from edgefl.errors import ArtifactError, ConfigError, MissingDependencyError
 from edgefl.manifest import ArtifactSet, TensorEntry
 
 FQN_METHOD = "__et_training_fqn_forward"
-_KERNELS: list[str] = []      # what this process's programs run on, once decided
+_KERNELS: list = []      # what this process's programs run on, once decided: (name, the loaded library or None)
 
 
 def _edgefl_kernels() -> str:
@@ -35,12 +35,12 @@ def _edgefl_kernels() -> str:
     convolutions as aten.convolution, whose shipped kernels are direct loops (correct, tens of times slower):
     without the library (not built) they run on those, with a note saying so. 'edgefl <level>' or 'shipped'."""
     if _KERNELS:
-        return _KERNELS[0]
+        return _KERNELS[0][0]
     import ctypes
     import sys
 
     from edgefl.device_runtime import native
-    path, kernels = native.find_kernels(), "shipped"
+    path, kernels, library = native.find_kernels(), "shipped", None
     if path is None:
         print("edgefl: note: edgefl's ExecuTorch kernels are not built, so convolutions train on ExecuTorch's "
               "reference kernels (tens of times slower); build them with 'edgefl-device build-native'",
@@ -53,6 +53,7 @@ def _edgefl_kernels() -> str:
                                          "build-native'") from None
         library.edgefl_cpu_has_level.restype = library.edgefl_register_kernels.restype = ctypes.c_bool
         library.edgefl_kernels_cpu_level.restype = ctypes.c_char_p
+        library.edgefl_kernel_calls.restype = ctypes.c_uint64
         level = library.edgefl_kernels_cpu_level().decode()
         if not library.edgefl_cpu_has_level():
             raise ConfigError(f"{path} was built for {level} CPUs and this CPU lacks that level; rebuild it for this "
@@ -61,8 +62,16 @@ def _edgefl_kernels() -> str:
             raise ArtifactError(f"{path}: the ExecuTorch runtime loaded here lacks an operator edgefl's kernels "
                                 f"replace; install executorch=={native.EXECUTORCH_VERSION}")
         kernels = f"edgefl {level}"
-    _KERNELS.append(kernels)
+    _KERNELS.append((kernels, library))
     return kernels
+
+
+def edgefl_kernel_calls(op: str) -> int:
+    """Calls edgefl's kernel for `op` ("convolution", "bmm", ...) served in this process so far (0 on the shipped
+    kernels)."""
+    _edgefl_kernels()
+    library = _KERNELS[0][1]
+    return int(library.edgefl_kernel_calls(op.encode())) if library is not None else 0
 
 
 def _load(path: Path, data: Path | None = None):

@@ -1,9 +1,8 @@
 """Run by tests/export/test_native_conv.py in a process of its own: the training program of one step (`argv[1]`:
 a folder holding program.pte, weights.ptd and inputs.npz) in ExecuTorch's Python bindings, with edgefl's kernels
-registered (`argv[2]` "edgefl") or the shipped ones alone ("shipped"), at `argv[3]` threads; writes outputs.npz
-(loss, logits and gradients in the program's order) and prints how many convolution calls edgefl's kernels
-served."""
-import ctypes
+registered as the Python ExecuTorch trainer registers them (`argv[2]` "edgefl") or the shipped ones alone
+("shipped"), at `argv[3]` threads; writes outputs.npz (loss, logits and gradients in the program's order) and
+prints how many convolution calls edgefl's kernels served."""
 import json
 import sys
 from pathlib import Path
@@ -12,16 +11,12 @@ import numpy as np
 import torch
 from executorch.extension.pybindings import portable_lib as et
 
-from edgefl.device_runtime import native
+from edgefl.device_runtime.trainers import executorch_trainer
 
 folder, kernels, threads = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 et._unsafe_reset_threadpool(threads)
-library = None
 if kernels == "edgefl":
-    library = ctypes.CDLL(str(native.find_kernels()))
-    library.edgefl_register_kernels.restype = ctypes.c_bool
-    library.edgefl_kernel_calls.restype = ctypes.c_uint64
-    assert library.edgefl_register_kernels()
+    assert executorch_trainer._edgefl_kernels().startswith("edgefl ")
 program = et._load_program(str(folder / "program.pte"), data_path=str(folder / "weights.ptd"))
 method = program.load_method("forward")
 names = list(program.load_method("__et_training_fqn_forward").call([]))
@@ -29,6 +24,6 @@ inputs = np.load(folder / "inputs.npz")
 outs = method.call([torch.from_numpy(inputs["x"]), torch.from_numpy(inputs["y"]), torch.ones(())])
 np.savez(folder / f"outputs-{kernels}-{threads}.npz", loss=outs[0].numpy(), logits=outs[1].numpy(),
          **{name: g.numpy() for name, g in zip(names, outs[2:2 + len(names)], strict=True)})
-served = {op: library.edgefl_kernel_calls(op.encode()) if library else 0
+served = {op: executorch_trainer.edgefl_kernel_calls(op) if kernels == "edgefl" else 0
           for op in ("convolution", "convolution_backward")}
 print(json.dumps(served))

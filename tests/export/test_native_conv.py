@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from export_cases import EXPORTS, available
+from test_native_trainer import rel
 from torch import nn
 
 pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed")]
@@ -33,11 +34,6 @@ class Convs(nn.Module):
     def forward(self, x, y):
         logits = self.fc(self.convs(x).flatten(1))
         return nn.functional.cross_entropy(logits, y), logits
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
 def test_convolution_kernels_match_torch(native_trainer, tmp_path):

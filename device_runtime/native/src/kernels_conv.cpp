@@ -55,13 +55,7 @@ bool geometry(const Tensor& in, const Tensor& weight, Span<EValue*> stack, size_
   return g.ho > 0 && g.wo > 0;
 }
 
-bool sized(const Tensor& t, std::initializer_list<int64_t> sizes) {
-  if (!plain_float(t) || t.dim() != static_cast<int64_t>(sizes.size())) return false;
-  int64_t i = 0;
-  for (int64_t s : sizes)
-    if (t.size(i++) != s) return false;
-  return true;
-}
+bool sized(const Tensor& t, std::initializer_list<int64_t> sizes) { return plain_float(t) && sizes_are(t, sizes); }
 
 // the output columns [first, last) whose input column ow * sw - pw + j * dw falls inside the row (the rest
 // read padding)
@@ -125,10 +119,15 @@ float* scratch(int64_t floats, int which) {
   return b.data();
 }
 
+// how many runs of samples over_samples makes: one per thread, at most one per sample
+int64_t sample_runs(int64_t n) {
+  return std::min<int64_t>(n, std::max<int64_t>(1, executorch::extension::get_thread_count()));
+}
+
 // f(begin, end, run) over samples: one run of samples per thread (run 0 with one thread)
 template <typename F>
 void over_samples(int64_t n, F f) {
-  const int64_t runs = std::min<int64_t>(n, std::max<int64_t>(1, executorch::extension::get_thread_count()));
+  const int64_t runs = sample_runs(n);
   if (runs == 1) return f(0, n, 0);
   executorch::extension::parallel_for(0, runs, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; r++) f(n * r / runs, n * (r + 1) / runs, r);
@@ -191,7 +190,7 @@ void convolution_backward_out(KernelRuntimeContext& context, Span<EValue*> stack
   const float* x = in.const_data_ptr<float>();
   const float* w = weight.const_data_ptr<float>();
   const int64_t rows = g.patch_rows(), positions = g.positions(), per_sample = g.c * g.h * g.w;
-  const int64_t runs = std::min<int64_t>(g.n, std::max<int64_t>(1, executorch::extension::get_thread_count()));
+  const int64_t runs = sample_runs(g.n);
   // the weight and bias gradients of each run of samples; run 0's straight into the outputs
   std::vector<float> partial_w(mask[1] ? (runs - 1) * g.o * rows : 0), partial_b(mask[2] ? (runs - 1) * g.o : 0);
   float* dw = mask[1] ? dw_t.mutable_data_ptr<float>() : nullptr;

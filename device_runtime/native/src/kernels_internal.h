@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include <executorch/runtime/core/evalue.h>
@@ -49,8 +50,23 @@ const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter
                                     "expand_copy", "scatter"};
 extern uint64_t calls[kOps];
 
-inline bool plain_float(const Tensor& t) {
-  return t.scalar_type() == ScalarType::Float && executorch::runtime::tensor_is_contiguous(t) && t.numel() > 0;
+inline bool dense(const Tensor& t, ScalarType type) {
+  return t.scalar_type() == type && executorch::runtime::tensor_is_contiguous(t) && t.numel() > 0;
+}
+inline bool plain_float(const Tensor& t) { return dense(t, ScalarType::Float); }
+
+inline bool sizes_are(const Tensor& t, std::initializer_list<int64_t> sizes) {
+  if (t.dim() != static_cast<int64_t>(sizes.size())) return false;
+  int64_t i = 0;
+  for (int64_t s : sizes)
+    if (t.size(i++) != s) return false;
+  return true;
+}
+inline bool same_sizes(const Tensor& a, const Tensor& b) {
+  if (a.dim() != b.dim()) return false;
+  for (int64_t i = 0; i < a.dim(); i++)
+    if (a.size(i) != b.size(i)) return false;
+  return true;
 }
 
 // A tensor as (outer, size along dim, inner): what slicing and concatenating along `dim` move in blocks.

@@ -1,6 +1,6 @@
 // Matrix products (fast_kernels.cpp registers them): bmm and mm on dense float32 tensors, through gemm.h. The
-// training programs write every convolution and linear layer as these (export/et_rewrites.py), so they are most
-// of a step's arithmetic. With --threads above 1 the products are split across the trainer's thread pool by batch
+// training programs write every linear layer as these (export/et_rewrites.py), and autograd's products of a
+// layer's backward. With --threads above 1 the products are split across the trainer's thread pool by batch
 // entry and row block; each output element is computed by one thread, so the result does not depend on the count.
 #include <algorithm>
 #include <cstdint>
@@ -28,14 +28,6 @@ void products(int64_t batch, int64_t m, int64_t n, int64_t k, const float* left,
   };
   if (threads == 1 || batch * blocks == 1) run(0, batch * blocks);
   else executorch::extension::parallel_for(0, batch * blocks, 1, run);
-}
-
-bool sizes_are(const Tensor& t, std::initializer_list<int64_t> sizes) {
-  if (t.dim() != static_cast<int64_t>(sizes.size())) return false;
-  int64_t i = 0;
-  for (int64_t s : sizes)
-    if (t.size(i++) != s) return false;
-  return true;
 }
 
 }  // namespace

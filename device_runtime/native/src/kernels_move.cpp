@@ -186,10 +186,6 @@ void cat_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   calls[kCat]++;
 }
 
-}  // namespace edgefl::kernels
-
-namespace edgefl::kernels {
-
 namespace {
 
 // out (sizes `size`) = in broadcast: in's dimension d has out's size or 1 (stride 0); the innermost dimension is a
@@ -220,7 +216,8 @@ void expand(const float* in, float* out, const Dims& size, const Dims& in_stride
 void expand_copy_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   const Tensor& in = stack[0]->toTensor();
   Tensor& out = stack[3]->toTensor();
-  if (!plain_float(in) || !plain_float(out) || in.dim() > out.dim()) return fallbacks().expand(context, stack);
+  if (!plain_float(in) || !plain_float(out) || in.dim() > out.dim() || out.dim() == 0)
+    return fallbacks().expand(context, stack);
   const int64_t lead = out.dim() - in.dim();
   Dims size(out.sizes().begin(), out.sizes().end()), in_stride(size.size(), 0);
   int64_t stride = 1;
@@ -230,7 +227,6 @@ void expand_copy_out(KernelRuntimeContext& context, Span<EValue*> stack) {
     in_stride[lead + d] = s == 1 ? 0 : stride;
     stride *= s;
   }
-  if (out.dim() == 0) return fallbacks().expand(context, stack);
   expand(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), size, in_stride, 0);
   calls[kExpand]++;
 }

@@ -11,17 +11,6 @@ namespace edgefl::kernels {
 
 namespace {
 
-bool same_sizes(const Tensor& a, const Tensor& b) {
-  if (a.dim() != b.dim()) return false;
-  for (int64_t i = 0; i < a.dim(); i++)
-    if (a.size(i) != b.size(i)) return false;
-  return true;
-}
-
-bool dense(const Tensor& t, ScalarType type) {
-  return t.scalar_type() == type && executorch::runtime::tensor_is_contiguous(t) && t.numel() > 0;
-}
-
 // an operand of `out`'s shape, or a single value broadcast over it
 bool operand(const Tensor& t, const Tensor& out) {
   return dense(t, ScalarType::Float) && (t.numel() == 1 || same_sizes(t, out));
