@@ -101,7 +101,8 @@ def native_step(binary: Path, paths: dict, steps: int, kernels: str, prefix: lis
                   "--steps", str(steps), "--threads", "1", "--kernels", kernels, "--seed", "0"],
                  env={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), **(env or {})})
     return {"step_seconds": r["step_seconds"], "peak_rss_bytes": r["peak_rss_bytes"],
-            "loss_first": r["loss_first"], "loss_last": r["loss_last"], "cpu_level": r.get("cpu_level")}
+            "loss_first": r["loss_first"], "loss_last": r["loss_last"], "cpu_level": r.get("cpu_level"),
+            "gemm_level": r.get("gemm_level")}
 
 
 def device_train_step(runtime: str, folder: Path, data: Path, steps: int) -> dict:
@@ -174,8 +175,9 @@ def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, run
                         "step_ms_runs": [s["step_seconds"] * 1e3 for s in ss],
                         "peak_rss_bytes": int(statistics.median(s["peak_rss_bytes"] for s in ss)),
                         "loss_first": ss[0]["loss_first"], "loss_last": ss[0]["loss_last"]}
-        if ss[0].get("cpu_level"):
-            row[runtime]["cpu_level"] = ss[0]["cpu_level"]
+        for key in ("cpu_level", "gemm_level"):
+            if ss[0].get(key):
+                row[runtime][key] = ss[0][key]
     if "plain_torch" in row:
         base = row["plain_torch"]["step_ms"]
         for runtime in row:

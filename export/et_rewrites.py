@@ -1,18 +1,17 @@
 """Export-friendly forms of the layers ExecuTorch trains badly, each with its layer's exact state_dict.
 
 ExecuTorch's addmm kernel (and its backward) is a naive loop. Written as the ops its runtime runs fast
-(slicing, `cat`, matrix products), the same layers train an order of magnitude faster. Convolutions stay
-`nn.Conv2d`: the programs hold aten.convolution and aten.convolution_backward, which edgefl's kernels serve
-(device_runtime/native/src/kernels_conv.cpp: im2col of one sample at a time and a GEMM, in the native trainer
-and, through libedgefl_et_kernels.so, in the Python ExecuTorch trainer). They used to be rewritten here as
-shifted slices, concatenations and batched products, as the shipped convolution kernels are direct loops
-(seconds per ResNet-20 step): a patch matrix k*k times the input in the program's memory plan, and a
-backward of k*k slice scatters and input-sized additions.
+(matrix products), the same layers train an order of magnitude faster. Convolutions and max pools stay
+`nn.Conv2d` and `nn.MaxPool2d`: the programs hold aten.convolution, aten.max_pool2d_with_indices and their
+backward, which edgefl's kernels serve (device_runtime/native/src/kernels_conv.cpp, kernels_pool.cpp, in the
+native trainer and, through libedgefl_et_kernels.so, in the Python ExecuTorch trainer). They used to be
+rewritten here, as the shipped convolution kernels are direct loops (seconds per ResNet-20 step) and the shipped
+pool backward adds into a gradient buffer it never zeroes: convolutions as shifted slices, concatenations and
+batched products (a patch matrix k*k times the input in the program's memory plan), pools as a max over a
+permuted reshape (two input-sized copies each way).
 
 * `MatmulLinear`: x @ W^T + b as one matrix product (addmm's training kernel is the slow one), transposing
   the smaller of input and weight.
-* `SliceMaxPool2d`: max pooling as a max over stacked window slices (a reshape where windows tile the
-  input): the runtime's own pool backward returns wrong gradients (its docstring).
 * `TiledAvgPool2d`: average pooling over tiling windows as a mean over a reshape (no avg_pool2d backward).
 * `StatBatchNorm2d`: batch norm written out of mean/var/rsqrt. In training its running statistics are
   values, not buffers mutated in place: it reads them from its buffers (which the exporter replaces by
@@ -37,22 +36,6 @@ import copy
 
 import torch
 from torch import nn
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-def _pad_channels_last(x: torch.Tensor, ph: int, pw: int, value: float = 0.0) -> torch.Tensor:
-    """Constant padding of an (N, H, W, C) tensor by concatenation (F.pad's backward crashed the runtime)."""
-    n, h, w, c = x.shape
-    if ph:
-        rows = x.new_full((n, ph, w, c), value)
-        x = torch.cat([rows, x, rows], dim=1)
-    if pw:
-        cols = x.new_full((n, h + 2 * ph, pw, c), value)
-        x = torch.cat([cols, x, cols], dim=2)
-    return x
 
 
 class MatmulLinear(nn.Module):
@@ -121,50 +104,6 @@ class StatBatchNorm2d(nn.Module):
         return centred * scale.reshape(1, -1, 1, 1) + bias
 
 
-class SliceMaxPool2d(nn.Module):
-    """nn.MaxPool2d (floor mode) as the max over its k*k strided window slices, stacked on a last axis.
-
-    ExecuTorch's portable max_pool2d_with_indices_backward scatter-adds into a gradient buffer it never
-    zeroes (pytorch/executorch#21686, fixed after the pinned release): every convolution before a pool
-    then trains on stale arena bytes. A max over a stacked axis has a backward that scatters into fresh
-    zeros. Windows are stacked in the pool's scan order and `max` keeps the first of equal values, so
-    ties route the gradient where torch's pool routes it."""
-
-    def __init__(self, pool: nn.MaxPool2d):
-        super().__init__()
-        self.kernel = _pair(pool.kernel_size)
-        self.stride = _pair(pool.stride if pool.stride is not None else pool.kernel_size)
-        self.padding, self.dilation = _pair(pool.padding), _pair(pool.dilation)
-
-    @staticmethod
-    def supports(pool: nn.MaxPool2d) -> bool:
-        return not pool.ceil_mode and not pool.return_indices
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.kernel, self.stride, self.padding, self.dilation
-        if (kh, kw) == (sh, sw) and not ph and not pw and (dh, dw) == (1, 1):
-            return self._tiled(x)
-        if ph or pw:          # padded positions are never the maximum (-inf), as in torch's pool
-            x = _pad_channels_last(x.permute(0, 2, 3, 1), ph, pw, float("-inf")).permute(0, 3, 1, 2)
-        h, w = x.shape[2:]
-        ho, wo = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
-        windows = [x[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh, j * dw:j * dw + sw * (wo - 1) + 1:sw]
-                   for i in range(kh) for j in range(kw)]
-        return torch.stack(windows, dim=-1).max(dim=-1).values
-
-    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
-        """Windows that tile the input (kernel = stride, the usual 2x2 pool): a reshape puts each window on a
-        last axis in scan order, so the backward scatters into one input-sized buffer, where stacked slices
-        scatter into one per window position (k*k input-sized buffers, summed)."""
-        (kh, kw) = self.kernel
-        n, c, h, w = x.shape
-        ho, wo = h // kh, w // kw
-        if (ho * kh, wo * kw) != (h, w):     # floor mode drops the last rows and columns
-            x = x[:, :, :ho * kh, :wo * kw]
-        windows = x.reshape(n, c, ho, kh, wo, kw).permute(0, 1, 2, 4, 3, 5).reshape(n, c, ho, wo, kh * kw)
-        return windows.max(dim=-1).values
-
-
 class TiledAvgPool2d(nn.Module):
     """nn.AvgPool2d whose windows tile the input (kernel = stride, no padding: a DenseNet transition) as a
     mean over a reshape. ExecuTorch's kernels have no avg_pool2d backward, and ONNX Runtime 1.19's
@@ -195,10 +134,6 @@ def _replacement(mod: nn.Module) -> nn.Module | None:
         return StatBatchNorm2d(mod)
     if type(mod) is nn.AvgPool2d and TiledAvgPool2d.supports(mod):
         return TiledAvgPool2d(mod)
-    if type(mod) is nn.MaxPool2d:
-        if not SliceMaxPool2d.supports(mod):    # the runtime's own pool would train on garbage gradients
-            raise NotImplementedError(f"ExecuTorch training of {mod} (ceil mode or returned indices)")
-        return SliceMaxPool2d(mod)
     return None
 
 

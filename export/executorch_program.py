@@ -128,13 +128,12 @@ def _drop_aliases(program: torch.export.ExportedProgram) -> None:
 def _rematerialize_patches(program: torch.export.ExportedProgram) -> None:
     """Recompute in the backward pass what the forward built only by moving data, instead of keeping it.
 
-    A max pool's stacked windows (edgefl.export.et_rewrites.SliceMaxPool2d: shifted slices of its input,
-    concatenated) are k*k times its input, and the backward needs them again: kept, they stay in the program's
-    memory plan from the forward step to the backward step (convolutions written the same way, before edgefl's
-    convolution kernels, made the plan several times what torch keeps). Here each forward value built by
-    slicing and concatenation that the backward reads is built again right before its first backward reader,
-    from the tensors it was built from (which the backward keeps anyway), so the forward copy dies with its
-    forward use."""
+    A concatenation (a DenseNet block's growing input) is the size of all its parts, and the backward needs it
+    again: kept, it stays in the program's memory plan from the forward step to the backward step (max pools and
+    convolutions written as stacked slices, before edgefl's kernels served them, made the plan several times what
+    torch keeps). Here each forward value built by slicing and concatenation that the backward reads is built
+    again right before its first backward reader, from the tensors it was built from (which the backward keeps
+    anyway), so the forward copy dies with its forward use."""
     from torch.export.graph_signature import OutputKind
 
     graph = program.graph_module.graph

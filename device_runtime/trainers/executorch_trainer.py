@@ -25,53 +25,51 @@ from edgefl.errors import ArtifactError, ConfigError, MissingDependencyError
 from edgefl.manifest import ArtifactSet, TensorEntry
 
 FQN_METHOD = "__et_training_fqn_forward"
-_KERNELS: list = []      # what this process's programs run on, once decided: (name, the loaded library or None)
+_KERNELS: list = []      # what this process's programs run on, once decided: (name, the loaded library)
 
 
 def _edgefl_kernels() -> str:
-    """edgefl's kernels (convolutions and their backward, matrix products, copies, reductions: the native
-    trainer's, device_runtime/native/src) registered in ExecuTorch's Python bindings, which share the runtime
-    library and its kernel registry with them; once per process, before a program loads. The programs write
-    convolutions as aten.convolution, whose shipped kernels are direct loops (correct, tens of times slower):
-    without the library (not built) they run on those, with a note saying so. 'edgefl <level>' or 'shipped'."""
+    """edgefl's kernels (convolutions, max pools and their backward, matrix products, copies, reductions: the
+    native trainer's, device_runtime/native/src) registered in ExecuTorch's Python bindings, which share the
+    runtime library and its kernel registry with them; once per process, before a program loads. Required: the
+    programs write pools as aten.max_pool2d_with_indices, whose shipped backward returns wrong gradients, and
+    convolutions as aten.convolution, whose shipped kernels are direct loops. 'edgefl <level>', with the level
+    its GEMM runs where that is above the build's (AVX-512)."""
     if _KERNELS:
         return _KERNELS[0][0]
     import ctypes
-    import sys
 
     from edgefl.device_runtime import native
-    path, kernels, library = native.find_kernels(), "shipped", None
+    path = native.find_kernels()
     if path is None:
-        print("edgefl: note: edgefl's ExecuTorch kernels are not built, so convolutions train on ExecuTorch's "
-              "reference kernels (tens of times slower); build them with 'edgefl-device build-native'",
-              file=sys.stderr)
-    else:
-        try:
-            library = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise MissingDependencyError(f"{path}: cannot be loaded ({exc}); rebuild it with 'edgefl-device "
-                                         "build-native'") from None
-        library.edgefl_cpu_has_level.restype = library.edgefl_register_kernels.restype = ctypes.c_bool
-        library.edgefl_kernels_cpu_level.restype = ctypes.c_char_p
-        library.edgefl_kernel_calls.restype = ctypes.c_uint64
-        level = library.edgefl_kernels_cpu_level().decode()
-        if not library.edgefl_cpu_has_level():
-            raise ConfigError(f"{path} was built for {level} CPUs and this CPU lacks that level; rebuild it for this "
-                              "CPU with 'EDGEFL_CPU_LEVEL=x86-64 edgefl-device build-native'")
-        if not library.edgefl_register_kernels():
-            raise ArtifactError(f"{path}: the ExecuTorch runtime loaded here lacks an operator edgefl's kernels "
-                                f"replace; install executorch=={native.EXECUTORCH_VERSION}")
-        kernels = f"edgefl {level}"
+        raise MissingDependencyError("edgefl's ExecuTorch kernels are not built (the programs' max pools need them: "
+                                     "the shipped pool backward returns wrong gradients; convolutions run tens of "
+                                     "times slower without them); build them with 'edgefl-device build-native'")
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise MissingDependencyError(f"{path}: cannot be loaded ({exc}); rebuild it with 'edgefl-device "
+                                     "build-native'") from None
+    library.edgefl_cpu_has_level.restype = library.edgefl_register_kernels.restype = ctypes.c_bool
+    library.edgefl_kernels_cpu_level.restype = library.edgefl_kernels_gemm_level.restype = ctypes.c_char_p
+    library.edgefl_kernel_calls.restype = ctypes.c_uint64
+    level = library.edgefl_kernels_cpu_level().decode()
+    if not library.edgefl_cpu_has_level():
+        raise ConfigError(f"{path} was built for {level} CPUs and this CPU lacks that level; rebuild it for this "
+                          "CPU with 'EDGEFL_CPU_LEVEL=x86-64 edgefl-device build-native'")
+    if not library.edgefl_register_kernels():
+        raise ArtifactError(f"{path}: the ExecuTorch runtime loaded here lacks an operator edgefl's kernels "
+                            f"replace; install executorch=={native.EXECUTORCH_VERSION}")
+    gemm = library.edgefl_kernels_gemm_level().decode()
+    kernels = f"edgefl {level}" + (f" (GEMM {gemm})" if gemm != level else "")
     _KERNELS.append((kernels, library))
     return kernels
 
 
 def edgefl_kernel_calls(op: str) -> int:
-    """Calls edgefl's kernel for `op` ("convolution", "bmm", ...) served in this process so far (0 on the shipped
-    kernels)."""
+    """Calls edgefl's kernel for `op` ("convolution", "bmm", ...) served in this process so far."""
     _edgefl_kernels()
-    library = _KERNELS[0][1]
-    return int(library.edgefl_kernel_calls(op.encode())) if library is not None else 0
+    return int(_KERNELS[0][1].edgefl_kernel_calls(op.encode()))
 
 
 def _load(path: Path, data: Path | None = None):

@@ -2,7 +2,7 @@
 a folder holding program.pte, weights.ptd and inputs.npz) in ExecuTorch's Python bindings, with edgefl's kernels
 registered as the Python ExecuTorch trainer registers them (`argv[2]` "edgefl") or the shipped ones alone
 ("shipped"), at `argv[3]` threads; writes outputs.npz (loss, logits and gradients in the program's order) and
-prints how many convolution calls edgefl's kernels served."""
+prints how many convolution and max pool calls edgefl's kernels served."""
 import json
 import sys
 from pathlib import Path
@@ -25,5 +25,5 @@ outs = method.call([torch.from_numpy(inputs["x"]), torch.from_numpy(inputs["y"])
 np.savez(folder / f"outputs-{kernels}-{threads}.npz", loss=outs[0].numpy(), logits=outs[1].numpy(),
          **{name: g.numpy() for name, g in zip(names, outs[2:2 + len(names)], strict=True)})
 served = {op: executorch_trainer.edgefl_kernel_calls(op) if kernels == "edgefl" else 0
-          for op in ("convolution", "convolution_backward")}
+          for op in ("convolution", "convolution_backward", "max_pool2d", "max_pool2d_backward")}
 print(json.dumps(served))

@@ -1,10 +1,15 @@
-"""edgefl's convolution kernels (device_runtime/native/src/kernels_conv.cpp) against torch's autograd, on one
-training program whose convolutions cover what the kernels serve: padding, stride 2 without a bias, a 1x1 (its
-input is its own patch matrix), dilation 2, a rectangular kernel with uneven stride and padding, and a first
-convolution whose input gradient the program does not want (an output the kernel must leave alone). The program
-runs in ExecuTorch's Python bindings with libedgefl_et_kernels.so registered (as the Python ExecuTorch trainer
-runs it) at 1 and 2 threads, and on the shipped kernels alone (direct loops): loss, logits and every gradient
-within 1e-5 of torch's, and edgefl's kernels served every convolution and its backward."""
+"""edgefl's convolution and max pool kernels (device_runtime/native/src/kernels_conv.cpp, kernels_pool.cpp)
+against torch's autograd, each on one training program that covers what the kernels serve.
+
+Convolutions: padding, stride 2 without a bias, a 1x1 (its input is its own patch matrix), dilation 2, a
+rectangular kernel with uneven stride and padding, and a first convolution whose input gradient the program does
+not want (an output the kernel must leave alone). Max pools: 2x2, 3x3 with stride 2 and padding, dilation 2, ceil
+mode, on an input with many ties (rounded values after a ReLU: whole windows of zeros), where torch routes the
+gradient to the first maximum in scan order. A program runs in ExecuTorch's Python bindings with
+libedgefl_et_kernels.so registered (as the Python ExecuTorch trainer runs it) at 1 and 2 threads, the convolutions
+also on the shipped kernels alone (direct loops; the shipped pool backward adds into an unzeroed buffer, so pools
+have no shipped run): loss, logits and every gradient within 1e-5 of torch's (a gradient routed to another
+element of a tie would be off by its whole value), and edgefl's kernels served every call."""
 import json
 import subprocess
 import sys
@@ -36,29 +41,61 @@ class Convs(nn.Module):
         return nn.functional.cross_entropy(logits, y), logits
 
 
-def test_convolution_kernels_match_torch(native_trainer, tmp_path):
+class Pools(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1, 3, 11, 13))      # x * 1: the input's ties survive
+        self.pools = nn.ModuleList([nn.MaxPool2d(2), nn.MaxPool2d(3, 2, 1), nn.MaxPool2d(2, 1, 0, 2),
+                                    nn.MaxPool2d(2, ceil_mode=True)])  # 6x7: a last row and column of part windows
+        self.fc = nn.Linear(3 * (5 * 6 + 6 * 7 + 9 * 11 + 6 * 7), 10)
+
+    def forward(self, x, y):
+        h = torch.relu(x * self.scale)
+        logits = self.fc(torch.cat([pool(h).flatten(1) for pool in self.pools], 1))
+        return nn.functional.cross_entropy(logits, y), logits
+
+
+def run_program(model, x, y, folder, runs):
+    """The program's outputs per (kernels, threads) in `runs`, each checked against torch's autograd; what
+    edgefl's kernels served in each run."""
     from edgefl.export.executorch_program import PREFIX, training_program
 
-    torch.manual_seed(0)
-    model = Convs()
-    x, y = torch.randn(5, 3, 9, 9), torch.randint(0, 10, (5,))
     exported = training_program(model, (x, y))
-    (tmp_path / "program.pte").write_bytes(exported.program)
-    (tmp_path / "weights.ptd").write_bytes(exported.weights)
-    np.savez(tmp_path / "inputs.npz", x=x.numpy(), y=y.numpy())
+    (folder / "program.pte").write_bytes(exported.program)
+    (folder / "weights.ptd").write_bytes(exported.weights)
+    np.savez(folder / "inputs.npz", x=x.numpy(), y=y.numpy())
     loss, logits = model(x, y)
     loss.backward()
     expected = {"loss": loss.detach().numpy(), "logits": logits.detach().numpy(),
                 **{PREFIX + name: p.grad.numpy() for name, p in model.named_parameters()}}
-    for kernels, threads in (("edgefl", 1), ("edgefl", 2), ("shipped", 1)):
-        proc = subprocess.run([sys.executable, str(RUNNER), str(tmp_path), kernels, str(threads)],
+    served = {}
+    for kernels, threads in runs:
+        proc = subprocess.run([sys.executable, str(RUNNER), str(folder), kernels, str(threads)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        served = json.loads(proc.stdout.strip().splitlines()[-1])
-        # five convolutions; the first one's backward computes no input gradient
-        assert served == ({"convolution": 5, "convolution_backward": 5} if kernels == "edgefl" else
-                          {"convolution": 0, "convolution_backward": 0}), (kernels, served)
-        outputs = np.load(tmp_path / f"outputs-{kernels}-{threads}.npz")
+        served[kernels, threads] = json.loads(proc.stdout.strip().splitlines()[-1])
+        outputs = np.load(folder / f"outputs-{kernels}-{threads}.npz")
         assert sorted(outputs.files) == sorted(expected), outputs.files
         for name, value in expected.items():
             assert rel(outputs[name], value) <= 1e-5, (kernels, threads, name, rel(outputs[name], value))
+    return served
+
+
+def test_convolution_kernels_match_torch(native_trainer, tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 3, 9, 9), torch.randint(0, 10, (5,))
+    served = run_program(Convs(), x, y, tmp_path, (("edgefl", 1), ("edgefl", 2), ("shipped", 1)))
+    # five convolutions; the first one's backward computes no input gradient
+    for (kernels, _), calls in served.items():
+        assert calls == ({"convolution": 5, "convolution_backward": 5, "max_pool2d": 0, "max_pool2d_backward": 0}
+                         if kernels == "edgefl" else dict.fromkeys(calls, 0)), (kernels, calls)
+
+
+def test_max_pool_kernels_route_gradients_like_torch(native_trainer, tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 11, 13, generator=torch.Generator().manual_seed(0)).round()    # many ties
+    y = torch.randint(0, 10, (4,))
+    assert (nn.functional.max_pool2d(torch.relu(x), 2) == 0).sum() >= 10, "too few all-zero windows: ties untested"
+    served = run_program(Pools(), x, y, tmp_path, (("edgefl", 1), ("edgefl", 2)))
+    for calls in served.values():
+        assert calls == {"convolution": 0, "convolution_backward": 0, "max_pool2d": 4, "max_pool2d_backward": 4}, calls

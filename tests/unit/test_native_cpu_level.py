@@ -1,7 +1,12 @@
 """The native trainer is compiled for an instruction-set level (x86-64-v3 by default: its GEMM runs 3-4x faster
 with AVX2 + FMA, device_runtime/native/src/gemm.h). On a CPU without that level it says so in one line and how to
 rebuild, exit 2, instead of dying of SIGILL at its first vector instruction: run here under qemu-x86_64 with a CPU
-model that lacks AVX2 (qemu64) and one that has it (Haswell). A level outside the known ones is one line too."""
+model that lacks AVX2 (qemu64) and one that has it (Haswell). A level outside the known ones is one line too.
+
+Its GEMM is compiled for AVX-512 as well and runs so where the CPU has it: `--version` names the level its
+products run at, x86-64-v3 under qemu's Haswell, and here what this CPU's flags say. The AVX-512 copy shares no
+code with the rest: two copies of one template compiled for two instruction sets would be one symbol to the
+linker, and a CPU without AVX-512 could be handed the wide one."""
 import platform
 import shutil
 import subprocess
@@ -27,6 +32,32 @@ def test_a_cpu_without_the_level_is_refused_in_one_line(native_trainer):
     new = subprocess.run([QEMU, "-cpu", "Haswell", str(native_trainer), "--help"], capture_output=True, text=True,
                          timeout=60)
     assert new.returncode == 0 and "--kernels" in new.stdout, new.stderr[-2000:]
+
+
+def _has_v4() -> bool:
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"))
+
+
+def test_the_gemm_runs_at_the_cpus_level(native_trainer):
+    here = subprocess.run([str(native_trainer), "--version"], capture_output=True, text=True, timeout=60)
+    level = "x86-64-v4" if _has_v4() else "x86-64-v3"
+    assert here.returncode == 0 and here.stdout.strip().endswith(f"(x86-64-v3, GEMM {level})"), here.stdout
+    haswell = subprocess.run([QEMU, "-cpu", "Haswell", str(native_trainer), "--version"], capture_output=True,
+                             text=True, timeout=60)
+    assert haswell.returncode == 0 and haswell.stdout.strip().endswith("(x86-64-v3, GEMM x86-64-v3)"), haswell.stdout
+
+
+def test_the_avx512_gemm_shares_no_code(native_trainer):
+    obj = native.build_dir(native.host_target()) / "CMakeFiles" / "edgefl_gemm_avx512.dir" / "src" / "gemm_eigen.cpp.o"
+    nm = subprocess.run(["nm", "-C", "--defined-only", str(obj)], capture_output=True, text=True, timeout=60)
+    assert nm.returncode == 0, nm.stderr
+    # weak and unique symbols are the ones the linker merges across objects: only the renamed Eigen's may be there
+    merged = [line for line in nm.stdout.splitlines() if line.split()[1:2] and line.split()[1] in "WVu"]
+    assert merged and all("edgefl_eigen_avx512::" in line or "DW.ref.__gxx_personality_v0" in line
+                          for line in merged), [m for m in merged if "edgefl_eigen_avx512::" not in m][:5]
+    defined = [line.split(maxsplit=2)[2] for line in nm.stdout.splitlines() if line.split()[1:2] == ["T"]]
+    assert defined == ["edgefl::gemm_avx512::gemm(edgefl::Operand const&, edgefl::Operand const&, float*, bool)"]
 
 
 def test_the_level_keys_the_build(monkeypatch):

@@ -17,14 +17,16 @@
 // They take over through ExecuTorch's kernel keys: a kernel registered for a dtype and dim order wins over the
 // fallback kernel the shipped library registers for the same operator, whatever the registration order. Each
 // is registered for contiguous float32 tensors of the ranks it serves; any other case (a dtype argument, an
-// empty tensor) goes to the shipped kernel, looked up as the registry's fallback. Copies are copies (bit-equal);
-// each output of a reduction adds its inputs in ascending index with one float accumulator, as the shipped
-// kernels do; products round as a blocked, fused-multiply-add GEMM does, not as the shipped one: trained tensors
-// agree with the shipped kernels' and with torch's within the parity tolerance (tests/export/test_native_kernels.py).
+// empty tensor) goes to the shipped kernel, looked up as the registry's fallback. Copies, selections and
+// elementwise arithmetic are exact (bit-equal to the shipped kernels); a sum over contiguous values adds them in
+// 16 partial sums (kernels_reduce.cpp), the shipped kernel in one; products round as a blocked, fused-multiply-add
+// GEMM does, not as the shipped one: trained tensors agree with the shipped kernels' and with torch's within the
+// parity tolerance (tests/export/test_native_kernels.py).
 //
 // The kernels themselves: kernels_move.cpp (copies), kernels_reduce.cpp (reductions), kernels_matmul.cpp
-// (products), kernels_conv.cpp (convolutions), kernels_select.cpp (where, le); what they share:
-// kernels_internal.h. This file registers them.
+// (products), kernels_conv.cpp (convolutions), kernels_pool.cpp (max pooling), kernels_binary.cpp (add, sub,
+// mul), kernels_select.cpp (where, le);
+// what they share: kernels_internal.h. This file registers them.
 namespace edgefl {
 namespace kernels {
 
@@ -89,6 +91,22 @@ std::vector<std::pair<std::string, uint64_t>> fast_kernel_calls() {
   return out;
 }
 
+// the max pool's backward, keyed (grad_output, self, indices, grad_input[, grad_input])
+bool register_fixes() {
+  static bool done = false;
+  if (done) return true;
+  Fallbacks& f = fallbacks();
+  f.max_pool_backward = shipped("aten::max_pool2d_with_indices_backward.grad_input");
+  if (!f.max_pool_backward) return false;
+  std::vector<Kernel> kernels;
+  for (bool ret : {false, true})
+    kernels.emplace_back("aten::max_pool2d_with_indices_backward.grad_input",
+                         key(ret ? std::vector<int>{4, 4, -4, 4, 4} : std::vector<int>{4, 4, -4, 4}),
+                         max_pool2d_backward_out);
+  done = executorch::runtime::register_kernels({kernels.data(), kernels.size()}) == executorch::runtime::Error::Ok;
+  return done;
+}
+
 bool register_fast_kernels() {
   static bool done = false;
   if (done) return true;
@@ -108,8 +126,13 @@ bool register_fast_kernels() {
   f.le = shipped("aten::le.Scalar_out");
   f.expand = shipped("aten::expand_copy.out");
   f.scatter_src = shipped("aten::scatter.src_out");
+  f.max_pool = shipped("aten::max_pool2d_with_indices.out");
+  f.add = shipped("aten::add.out");
+  f.sub = shipped("aten::sub.out");
+  f.mul = shipped("aten::mul.out");
   for (OpFunction op : {f.max, f.permute, f.sum, f.mean, f.slice, f.scatter, f.cat, f.bmm, f.mm, f.convolution,
-                        f.convolution_backward, f.where, f.le, f.expand, f.scatter_src})
+                        f.convolution_backward, f.where, f.le, f.expand, f.scatter_src, f.max_pool, f.add, f.sub,
+                        f.mul})
     if (!op) return false;
   std::vector<Kernel> kernels;
   // a program's instruction lists the out variant's return value (the out tensor again) after its arguments,
@@ -127,6 +150,9 @@ bool register_fast_kernels() {
           if (!ret)
             kernels.emplace_back("aten::convolution_backward.out",
                                  key({4, 4, 4, grad_input, grad_weight, grad_bias}), convolution_backward_out);
+    // (self, out, indices[, out, indices]); int lists are no part of a key
+    kernels.emplace_back("aten::max_pool2d_with_indices.out",
+                         key(ret ? std::vector<int>{4, 4, -4, 4, -4} : std::vector<int>{4, 4, -4}), max_pool2d_out);
     for (int r : {3, 2})   // (self, mat2, out[, out])
       kernels.emplace_back(r == 3 ? "aten::bmm.out" : "aten::mm.out", key(std::vector<int>(ret ? 4 : 3, r)),
                            r == 3 ? bmm_out : mm_out);
@@ -145,6 +171,17 @@ bool register_fast_kernels() {
           kernels.emplace_back("aten::where.self_out", key(where), where_out);
         }
     }
+  // (self, other, out[, out]): a tensor, a single value or a vector on either side
+  for (int r = 1; r <= kMaxRank; r++)
+    for (bool ret : {false, true})
+      for (int a : r == 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, r})
+        for (int b : r == 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, r}) {
+          std::vector<int> ranks = {a, b, r};
+          if (ret) ranks.push_back(r);
+          kernels.emplace_back("aten::add.out", key(ranks), add_out);
+          kernels.emplace_back("aten::sub.out", key(ranks), sub_out);
+          kernels.emplace_back("aten::mul.out", key(ranks), mul_out);
+        }
   for (int r = 1; r <= kMaxRank; r++) {
     for (bool ret : {false, true}) {
       const std::vector<int> same = ret ? std::vector<int>{r, r, r} : std::vector<int>{r, r};

@@ -1,7 +1,8 @@
 // Float32 matrix products for edgefl's kernels: Eigen's GEMM, compiled for the instruction set the trainer was
-// built for (CMakeLists.txt: EDGEFL_CPU_LEVEL). The wheel's kernels run Eigen's GEMM too, but built for the
-// x86-64 baseline (SSE2, no FMA): 25 GFLOP/s on a 1024x288 by 288x64 product here, against 70 with AVX2 + FMA
-// and 112 with AVX-512 from the same source.
+// built for (CMakeLists.txt: EDGEFL_CPU_LEVEL) and, in an x86 build below x86-64-v4, for AVX-512 as well, run
+// where the CPU has it (gemm.cpp). The wheel's kernels run Eigen's GEMM too, but built for the x86-64 baseline
+// (SSE2, no FMA): 25 GFLOP/s on a 1024x288 by 288x64 product here, against 70 with AVX2 + FMA and 112 with
+// AVX-512 from the same source.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,7 @@ inline void gemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b
   gemm(Operand{a, m, k}, Operand{b, k, n}, c);
 }
 
-// The instruction set gemm was compiled for ("x86-64-v3", "armv8-a", ...), for the trainer's report.
+// The instruction set gemm runs on this CPU ("x86-64-v4", "x86-64-v3", "armv8-a", ...), for the trainer's report.
 const char* gemm_cpu_level();
 
 }  // namespace edgefl

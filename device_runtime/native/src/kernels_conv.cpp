@@ -30,15 +30,6 @@ struct Geometry {
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
-bool pair(const EValue* v, int64_t& first, int64_t& second) {
-  if (!v->isIntList()) return false;
-  auto list = v->toIntList();
-  if (list.size() == 1) first = second = list[0];
-  else if (list.size() == 2) first = list[0], second = list[1];
-  else return false;
-  return true;
-}
-
 // the convolution's shape from its input and weight and the stack's stride, padding, dilation, transposed,
 // output padding and groups (at `at`); false where this file does not serve it
 bool geometry(const Tensor& in, const Tensor& weight, Span<EValue*> stack, size_t at, Geometry& g) {
@@ -68,6 +59,10 @@ void inside(const Geometry& g, int64_t j, int64_t& first, int64_t& last) {
 
 // cols (c*kh*kw, ho*wo) of one sample x (c, h, w)
 void im2col(const Geometry& g, const float* x, float* cols) {
+  // stride 1 with the output as wide as the input (a "same" convolution): a patch row's valid rows are one block
+  // of the input at a constant offset, copied at once, and the values that wrap in from the next row land on
+  // the padding, zeroed after; rows are 8-32 values, a copy call each cost more than the copying
+  const bool block = g.sh == 1 && g.sw == 1 && g.w == g.wo;
   for (int64_t c = 0; c < g.c; c++)
     for (int64_t i = 0; i < g.kh; i++)
       for (int64_t j = 0; j < g.kw; j++) {
@@ -75,6 +70,23 @@ void im2col(const Geometry& g, const float* x, float* cols) {
         int64_t first, last;
         inside(g, j, first, last);
         const int64_t shift = j * g.dw - g.pw;
+        if (block) {
+          const int64_t top = i * g.dh - g.ph;                 // ih = oh + top
+          const int64_t oh0 = std::clamp<int64_t>(-top, 0, g.ho), oh1 = std::clamp<int64_t>(g.h - top, oh0, g.ho);
+          std::fill(row, row + oh0 * g.wo, 0.0f);
+          std::fill(row + oh1 * g.wo, row + g.positions(), 0.0f);
+          float* dst = row + oh0 * g.wo;
+          const float* src = x + (c * g.h + oh0 + top) * g.w + shift;
+          int64_t count = (oh1 - oh0) * g.wo - (shift < 0 ? -shift : shift);
+          if (shift < 0) dst -= shift, src -= shift;
+          if (count > 0) std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+          for (int64_t oh = oh0; oh < oh1; oh++) {
+            float* out = row + oh * g.wo;
+            for (int64_t ow = 0; ow < first; ow++) out[ow] = 0.0f;
+            for (int64_t ow = last; ow < g.wo; ow++) out[ow] = 0.0f;
+          }
+          continue;
+        }
         for (int64_t oh = 0; oh < g.ho; oh++) {
           const int64_t ih = oh * g.sh - g.ph + i * g.dh;
           float* out = row + oh * g.wo;
@@ -105,9 +117,12 @@ void col2im(const Geometry& g, const float* cols, float* dx) {
         for (int64_t oh = 0; oh < g.ho; oh++) {
           const int64_t ih = oh * g.sh - g.ph + i * g.dh;
           if (ih < 0 || ih >= g.h) continue;
-          float* x = dx + (c * g.h + ih) * g.w + shift;
-          const float* in = row + oh * g.wo;
-          for (int64_t ow = first; ow < last; ow++) x[ow * g.sw] += in[ow];
+          float* __restrict x = dx + (c * g.h + ih) * g.w + shift;
+          const float* __restrict in = row + oh * g.wo;
+          if (g.sw == 1)      // the common case, a loop the compiler vectorizes
+            for (int64_t ow = first; ow < last; ow++) x[ow] += in[ow];
+          else
+            for (int64_t ow = first; ow < last; ow++) x[ow * g.sw] += in[ow];
         }
       }
 }

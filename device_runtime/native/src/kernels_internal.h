@@ -37,17 +37,19 @@ struct Fallbacks {
   OpFunction permute = nullptr, sum = nullptr, mean = nullptr, slice = nullptr, scatter = nullptr, cat = nullptr,
              max = nullptr, bmm = nullptr, mm = nullptr,
              convolution = nullptr, convolution_backward = nullptr, where = nullptr, le = nullptr, expand = nullptr,
-             scatter_src = nullptr;
+             scatter_src = nullptr, max_pool = nullptr, max_pool_backward = nullptr, add = nullptr, sub = nullptr,
+             mul = nullptr;
 };
 Fallbacks& fallbacks();
 
 // calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
 // tensors never match the keys runs on the shipped kernels alone, and shows it
 enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kWhere, kLe, kExpand,
-          kScatterSrc, kOps };
+          kScatterSrc, kMaxPool, kMaxPoolBackward, kAdd, kSub, kMul, kOps };
 const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean",
                                     "bmm", "mm", "convolution", "convolution_backward", "where", "le",
-                                    "expand_copy", "scatter"};
+                                    "expand_copy", "scatter", "max_pool2d", "max_pool2d_backward", "add", "sub",
+                                    "mul"};
 extern uint64_t calls[kOps];
 
 inline bool dense(const Tensor& t, ScalarType type) {
@@ -79,6 +81,16 @@ inline Around around(const Tensor& t, int64_t dim) {
   return a;
 }
 
+// an int[2] argument (a kernel size, stride, padding, dilation): two values, or one for both
+inline bool pair(const EValue* v, int64_t& first, int64_t& second) {
+  if (!v->isIntList()) return false;
+  auto list = v->toIntList();
+  if (list.size() == 1) first = second = list[0];
+  else if (list.size() == 2) first = list[0], second = list[1];
+  else return false;
+  return true;
+}
+
 inline int64_t wrap(int64_t dim, int64_t rank) { return dim < 0 ? dim + rank : dim; }
 
 // The kernels (stack: the out variant's arguments as a program's instruction lists them).
@@ -95,6 +107,11 @@ void bmm_out(KernelRuntimeContext& context, Span<EValue*> stack);            // 
 void mm_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void convolution_out(KernelRuntimeContext& context, Span<EValue*> stack);   // kernels_conv.cpp
 void convolution_backward_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void max_pool2d_out(KernelRuntimeContext& context, Span<EValue*> stack);    // kernels_pool.cpp
+void max_pool2d_backward_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void add_out(KernelRuntimeContext& context, Span<EValue*> stack);           // kernels_binary.cpp
+void sub_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void mul_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void where_out(KernelRuntimeContext& context, Span<EValue*> stack);         // kernels_select.cpp
 void le_scalar_out(KernelRuntimeContext& context, Span<EValue*> stack);
 

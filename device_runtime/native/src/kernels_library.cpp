@@ -8,9 +8,12 @@
 
 #define EXPORTED extern "C" __attribute__((visibility("default")))
 
-EXPORTED bool edgefl_register_kernels() { return edgefl::register_fast_kernels(); }
+EXPORTED bool edgefl_register_kernels() { return edgefl::register_fixes() && edgefl::register_fast_kernels(); }
 
-EXPORTED const char* edgefl_kernels_cpu_level() { return edgefl::gemm_cpu_level(); }
+EXPORTED const char* edgefl_kernels_cpu_level() { return EDGEFL_CPU_LEVEL; }
+
+// the instruction set its matrix products run on this CPU (above the build's level where the CPU has AVX-512)
+EXPORTED const char* edgefl_kernels_gemm_level() { return edgefl::gemm_cpu_level(); }
 
 // calls edgefl's kernel for `op` (a name of fast_kernel_calls: "convolution", "bmm", ...) served so far
 EXPORTED uint64_t edgefl_kernel_calls(const char* op) {

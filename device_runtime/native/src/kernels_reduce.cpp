@@ -1,4 +1,7 @@
-// Reductions in ascending input index with one float accumulator (fast_kernels.cpp says why): max.dim, sum, mean.
+// Reductions: max.dim, sum, mean. A sum over a contiguous run of inputs (a batch norm's mean over each channel's
+// positions, the innermost dimensions) adds them in 16 interleaved partial sums, combined pairwise, then into
+// the output: one float accumulator in input order, as the shipped kernel adds, waits a full addition per value
+// (9% of a ResNet-20 step), and is the less accurate of the two. Other sums add in ascending input index.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -42,8 +45,27 @@ void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   calls[kMax]++;
 }
 
-// Sums over the reduced dimensions in input order: merged into alternating kept/reduced groups, each output
-// accumulates its inputs in ascending input index with one float, as the shipped reduction does.
+namespace {
+
+// row[0] + ... + row[n - 1]: lane l sums the values at l, l + 16, ...; the lanes are added pairwise, then the
+// last n % 16 values in order. A fixed order: the same sum on every run and thread count.
+float run_sum(const float* __restrict row, int64_t n) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t b = 0;
+  for (; b + kLanes <= n; b += kLanes)
+    for (int l = 0; l < kLanes; l++) lanes[l] += row[b + l];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+  float total = lanes[0];
+  for (; b < n; b++) total += row[b];
+  return total;
+}
+
+}  // namespace
+
+// Sums over the reduced dimensions: merged into alternating kept/reduced groups; an output over a reduced
+// innermost group adds each run's sum (run_sum), else its inputs in ascending input index.
 void reduce_sum(const float* in, float* out, const Dims& size, const std::vector<bool>& reduced) {
   Dims s;
   std::vector<bool> r;
@@ -76,9 +98,7 @@ void reduce_sum(const float* in, float* out, const Dims& size, const std::vector
     for (size_t j = 0; j + 1 < k; j++) ob += index[j] * ostride[j];
     const float* row = in + in_offset;
     if (r[k - 1]) {
-      float acc = out[ob];
-      for (int64_t b = 0; b < last; b++) acc += row[b];
-      out[ob] = acc;
+      out[ob] += run_sum(row, last);
     } else {
       float* o = out + ob;
       for (int64_t b = 0; b < last; b++) o[b] += row[b];

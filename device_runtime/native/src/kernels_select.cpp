@@ -4,6 +4,8 @@
 // through per-element function pointers; these are plain loops, exact as the shipped ones (selection and
 // comparison round nothing).
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "kernels_internal.h"
 
@@ -27,20 +29,30 @@ void where_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   if (!dense(out, ScalarType::Float) || !dense(condition, ScalarType::Bool) || !same_sizes(condition, out) ||
       !operand(a, out) || !operand(b, out))
     return fallbacks().where(context, stack);
-  const bool* c = condition.const_data_ptr<bool>();
-  const float* x = a.const_data_ptr<float>();
-  const float* y = b.const_data_ptr<float>();
-  float* o = out.mutable_data_ptr<float>();
   const int64_t n = out.numel();
-  // one loop per operand shape, each a select the compiler vectorizes (relu's backward: a value and a tensor)
-  if (a.numel() == 1 && b.numel() == 1)
-    for (int64_t i = 0; i < n; i++) o[i] = c[i] ? x[0] : y[0];
-  else if (a.numel() == 1)
-    for (int64_t i = 0; i < n; i++) o[i] = c[i] ? x[0] : y[i];
-  else if (b.numel() == 1)
-    for (int64_t i = 0; i < n; i++) o[i] = c[i] ? x[i] : y[0];
-  else
-    for (int64_t i = 0; i < n; i++) o[i] = c[i] ? x[i] : y[i];
+  // one loop per operand shape (relu's backward: a value and a tensor), each a select the compiler vectorizes:
+  // on the bits, with a mask from the condition (GCC 12 vectorizes neither a float ?: on a bool nor a conditional
+  // read; a branch per element is mispredicted half the time on a ReLU's mask)
+  const uint8_t* __restrict mask = reinterpret_cast<const uint8_t*>(condition.const_data_ptr<bool>());
+  const float* __restrict x = a.const_data_ptr<float>();
+  const float* __restrict y = b.const_data_ptr<float>();
+  float* __restrict result = out.mutable_data_ptr<float>();
+  auto select = [&](auto x_step, auto y_step) {
+    for (int64_t i = 0; i < n; i++) {
+      const uint32_t m = 0u - static_cast<uint32_t>(mask[i] != 0);
+      uint32_t xi, yi;
+      std::memcpy(&xi, x + i * x_step, 4);
+      std::memcpy(&yi, y + i * y_step, 4);
+      const uint32_t r = (xi & m) | (yi & ~m);
+      std::memcpy(result + i, &r, 4);
+    }
+  };
+  using Each = std::integral_constant<int64_t, 1>;
+  using One = std::integral_constant<int64_t, 0>;
+  if (a.numel() == 1 && b.numel() == 1) select(One{}, One{});
+  else if (a.numel() == 1) select(One{}, Each{});
+  else if (b.numel() == 1) select(Each{}, One{});
+  else select(Each{}, Each{});
   calls[kWhere]++;
 }
 

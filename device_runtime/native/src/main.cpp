@@ -49,7 +49,8 @@ struct Options {
   uint64_t seed = 0;
   int64_t epochs = 1, steps = 0, eval_examples = 0, threads = 1, max_examples = 0;
   bool losses = false, verify = true;
-  // edgefl: edgefl's float32 kernels ahead of the shipped ones (fast_kernels.h); shipped: the wheel's alone
+  // edgefl: edgefl's float32 kernels ahead of the shipped ones (fast_kernels.h); shipped: the wheel's, but for
+  // edgefl's fix of the max pool's backward (register_fixes), whose shipped kernel computes wrong gradients
   // (the benchmark compares the two in one run)
   std::string kernels = "edgefl";
 };
@@ -173,6 +174,9 @@ Json run(const Options& o) {
   PhasePeaks phases;
   const ArtifactSet set = open_artifact_set(o.artifacts, o.verify);
   LocalData data(o.data, set);
+  if (!register_fixes())
+    throw UserError("the ExecuTorch runtime beside this trainer lacks max_pool2d_with_indices_backward, which edgefl's "
+                    "kernels correct; rebuild with 'edgefl-device build-native'");
   if (o.kernels == "edgefl" && !register_fast_kernels())
     throw UserError("--kernels edgefl: the ExecuTorch runtime beside this trainer lacks one of the operators edgefl's kernels "
                     "replace (bmm, mm, permute_copy, sum, mean, ...); "
@@ -240,7 +244,8 @@ Json run(const Options& o) {
   report["wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report["threads"] = o.threads;
   report["kernels"] = o.kernels;
-  report["cpu_level"] = gemm_cpu_level();
+  report["cpu_level"] = EDGEFL_CPU_LEVEL;
+  report["gemm_level"] = gemm_cpu_level();
   Json calls = Json::object();
   for (const auto& [name, n] : fast_kernel_calls()) calls[name] = n;
   report["edgefl_kernel_calls"] = calls;
@@ -257,7 +262,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
-    std::printf("edgefl-et-train %s\n", EDGEFL_VERSION);
+    // the level it was built for, and the one its products run here (AVX-512 where the CPU has it: gemm.cpp)
+    std::printf("edgefl-et-train %s (%s, GEMM %s)\n", EDGEFL_VERSION, EDGEFL_CPU_LEVEL, edgefl::gemm_cpu_level());
     return 0;
   }
   try {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace edgefl {
@@ -49,13 +50,29 @@ class Optimizer {
     std::vector<float>& buf = first_[i];
     const bool fresh = buf.empty();
     if (mu != 0.0f && fresh) buf.resize(n);
-    for (size_t k = 0; k < n; k++) {
-      float d = wd != 0.0f ? g[k] + wd * w[k] : g[k];
-      if (mu != 0.0f) {
+    // one loop per case, with no branch inside and no aliasing, so that it vectorizes (a CNN's fc weight is
+    // 1.6 M values a step); the arithmetic is torch's, in its order
+    auto run = [&](auto decay, auto momentum, auto first) {
+      float* __restrict wr = w;
+      const float* __restrict gr = g;
+      float* __restrict b = buf.data();
+      for (size_t k = 0; k < n; k++) {
+        float d = decay ? gr[k] + wd * wr[k] : gr[k];
         // torch: the first step's buffer is the gradient itself, later ones buf * momentum + d
-        d = buf[k] = fresh ? d : buf[k] * mu + d;
+        if (momentum) d = b[k] = first ? d : b[k] * mu + d;
+        wr[k] = wr[k] - lr * d;
       }
-      w[k] = w[k] - lr * d;
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (wd != 0.0f) {
+      if (mu == 0.0f) run(Yes{}, No{}, No{});
+      else if (fresh) run(Yes{}, Yes{}, Yes{});
+      else run(Yes{}, Yes{}, No{});
+    } else {
+      if (mu == 0.0f) run(No{}, No{}, No{});
+      else if (fresh) run(No{}, Yes{}, Yes{});
+      else run(No{}, Yes{}, No{});
     }
     steps_[i]++;
   }
