@@ -11,9 +11,15 @@ memory (with `memory_check`, the measured activations in the predicted peak: ove
 out-of-memory kill would). The reply adds the worker process's peak RSS over the round (VmHWM, reset before
 training; the process's, runtime and data included, not the device's budgeted training memory).
 
+A deployed node trains on its own examples when its node config names them (`data`: a folder with x.npy and
+y.npy, or an .npz, as `edgefl data export` writes a device's share and `edgefl-device --data` reads it:
+`--node-config "device-id='phone-low-0' data='/data/edgefl'"`): read once per worker process, checked as a
+device checks its data (numbers, labels of the model's classes, the model's input shape per example), every
+example trained on. Without `data` a node trains on its device's share of the data set as `edgefl emulate`
+splits it, which loads the whole training set in each worker.
+
 A query message is answered with the node's device id (and partition id, where it has one): how the server maps
-nodes to the fleet's devices, and so to their groups and budgets. A deployed node still trains on its device's
-share of the data set as `edgefl emulate` splits it (the node's own local data is not read yet).
+nodes to the fleet's devices, and so to their groups and budgets.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from edgefl.flower.records import import_flwr, instruction_of, reply_content
 
 PARTITION_ID = "partition-id"
 DEVICE_ID = "device-id"
+DATA = "data"               # a node's own examples (module doc)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,37 @@ def _shares(data: NodeData):
     return train, sorted(share_of), share_of
 
 
+@functools.lru_cache(maxsize=2)
+def _devices(devices: str) -> tuple[str, ...]:
+    """The fleet's device ids in the order `edgefl emulate` gives them their shares (no data loaded)."""
+    from edgefl.fleet import load_fleet
+
+    return tuple(sorted(d for g in load_fleet(Path(devices)).groups for d in g.device_ids))
+
+
+@functools.lru_cache(maxsize=2)
+def _local_examples(folder: str, model_json: str):
+    """(x, y) of a node's own data, checked against the model it trains (module doc)."""
+    import json
+
+    import numpy as np
+
+    from edgefl.device_runtime.local_data import check_values, open_local_data
+    from edgefl.zoo import ModelRef, build
+
+    model = build(ModelRef.from_json(json.loads(model_json)))
+    where = f"node config {DATA}={folder!r}"
+    try:
+        x, y = open_local_data(Path(folder))
+        check_values(x, y, model.num_classes)
+    except ConfigError as exc:      # said of the device's --data: here the node config names the folder
+        raise ConfigError(f"{where}: {str(exc).removeprefix(f'--data {folder}: ')}") from None
+    if tuple(x.shape[1:]) != tuple(model.input_shape):
+        raise ConfigError(f"{where}: examples of shape {tuple(x.shape[1:])}, the model takes "
+                          f"{tuple(model.input_shape)}; export this node's data for the model ('edgefl data export')")
+    return np.asarray(x[:]), np.asarray(y[:], np.int64)
+
+
 @functools.lru_cache(maxsize=4)
 def _trainer(model_json: str, device: str, threads: int):
     import json
@@ -80,7 +118,7 @@ def _trainer(model_json: str, device: str, threads: int):
 
 
 def device_of(data: NodeData, partition_id: int) -> str:
-    _, devices, _ = _shares(data)
+    devices = _devices(data.devices)
     if not 0 <= partition_id < len(devices):
         raise ConfigError(f"node with partition-id {partition_id}: the fleet {data.devices} has {len(devices)} "
                           f"devices; run {len(devices)} supernodes")
@@ -89,7 +127,7 @@ def device_of(data: NodeData, partition_id: int) -> str:
 
 def node_device(data: NodeData, node_config) -> str:
     """The fleet device a node is (module doc), or ConfigError naming the node config key and the fix."""
-    _, devices, _ = _shares(data)
+    devices = _devices(data.devices)
     if DEVICE_ID in node_config:
         device = str(node_config[DEVICE_ID])
         if device not in devices:
@@ -113,12 +151,16 @@ def train(data: NodeData, node_config, content):
     device_id = node_device(data, node_config)
     if device_id != instruction.device_id:
         raise ConfigError(f"node {device_id} was sent {instruction.device_id}'s instruction")
-    train_set, _, share_of = _shares(data)
+    if DATA in node_config:
+        (x, y), rows = _local_examples(str(node_config[DATA]), config["model"]), None
+    else:
+        train_set, _, share_of = _shares(data)
+        x, y, rows = train_set.x, train_set.y, share_of[device_id]
     trainer = _trainer(config["model"], config["torch-device"], int(config["torch-threads"]))
     weights = {k: torch.from_numpy(a.numpy()) for k, a in content["arrays"].items()}
     _reset_peak()
-    report = EmulatedDevice(device_id, trainer, train_set.x, train_set.y, memory_bytes=int(config["memory-bytes"]),
-                            rows=share_of[device_id]).handle(instruction, weights)
+    report = EmulatedDevice(device_id, trainer, x, y, memory_bytes=int(config["memory-bytes"]),
+                            rows=rows).handle(instruction, weights)
     peak = _peak_rss()
     report.tensors = {k: v.detach().cpu().numpy() for k, v in report.tensors.items()}
     return reply_content(report, peak)

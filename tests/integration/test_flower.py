@@ -137,6 +137,24 @@ def test_a_node_is_sent_only_its_slice_and_its_groups_config(runs):
         assert sum(m["array_bytes"] for m in messages if m["round"] == r["round"]) == r["download_bytes"]
 
 
+@needs_flower
+def test_a_deployed_node_trains_on_its_own_data(tmp_path):
+    """A node config's `data` (a deployed supernode's own examples) trains as the simulation's share does when it
+    holds the same examples, on other examples otherwise, and data that does not fit the model is one line."""
+    r = subprocess.run([str(FLOWER_PYTHON), str(Path(__file__).with_name("flower_node_data.py")), str(tmp_path)],
+                       capture_output=True, text=True, timeout=RUN_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = json.loads(r.stdout.strip().splitlines()[-1])
+    assert said["own"] == said["share"] and said["own"]["examples"] == said["share_examples"] > 0
+    assert said["other"]["sha256"] != said["share"]["sha256"]
+    errors = said["errors"]
+    assert errors["bad"].startswith(f"node config data={str(tmp_path / 'bad')!r}: examples of shape (3, 28, 28), "
+                                    "the model takes (1, 28, 28)"), errors
+    assert errors["labels"].startswith(f"node config data={str(tmp_path / 'labels')!r}: ") and "10" in errors["labels"]
+    assert errors["missing"].startswith(f"node config data={str(tmp_path / 'missing')!r}: ") and \
+        "edgefl data export" in errors["missing"], errors
+
+
 @pytest.mark.skipif(importlib.util.find_spec("flwr") is not None, reason="Flower is installed here")
 def test_without_flower_edgefl_flower_says_how_to_install_it(tmp_path, fleet):
     r = subprocess.run([sys.executable, "-m", "edgefl", "flower", "--devices", str(fleet), "--method", "fedavg", *ARGS,
