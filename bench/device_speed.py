@@ -147,8 +147,8 @@ def plain_torch_child(name: str, data: Path, steps: int) -> dict:
 
 def plain_torch_step(name: str, data: Path, steps: int) -> dict:
     # glibc's default allocator, as a torch user runs it: under the device's 128 KiB mmap threshold (what the
-    # edgefl runtimes run with, device_runtime/peaks.py) every large tensor is a fresh mapping, and a ResNet-20
-    # step of plain torch is 1.4-1.8x slower
+    # edgefl runtimes run with, device_runtime/peaks.py) every large tensor is a fresh mapping, and a step of
+    # plain torch was 1.5x (the CNN) to 1.9x (ResNet-20 frozen 10) slower here
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
     r = subprocess.run([sys.executable, __file__, "--plain-child", name, "--data", str(data), "--steps", str(steps)],
                        capture_output=True, text=True, timeout=3600, env={**env, "OMP_NUM_THREADS": "1"})
