@@ -90,8 +90,9 @@ def prepare(name: str, work: Path, backends=("executorch", "ort", "torch")) -> d
     return out
 
 
-def run_json(argv: list[str], env: dict | None = None) -> dict:
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env={**os.environ, **(env or {})})
+def run_json(argv: list[str], env: dict | None = None, unset: tuple[str, ...] = ()) -> dict:
+    inherited = {k: v for k, v in os.environ.items() if k not in unset}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=3600, env={**inherited, **(env or {})})
     if r.returncode != 0:
         raise RuntimeError(f"{Path(argv[0]).name}: " + (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1])
     return json.loads(r.stdout.strip().splitlines()[-1] if "{" in r.stdout.strip().splitlines()[-1] else r.stdout)
@@ -149,12 +150,8 @@ def plain_torch_step(name: str, data: Path, steps: int) -> dict:
     # glibc's default allocator, as a torch user runs it: under the device's 128 KiB mmap threshold (what the
     # edgefl runtimes run with, device_runtime/peaks.py) every large tensor is a fresh mapping, and a step of
     # plain torch was 1.5x (the CNN) to 1.9x (ResNet-20 frozen 10) slower here
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    r = subprocess.run([sys.executable, __file__, "--plain-child", name, "--data", str(data), "--steps", str(steps)],
-                       capture_output=True, text=True, timeout=3600, env={**env, "OMP_NUM_THREADS": "1"})
-    if r.returncode != 0:
-        raise RuntimeError("plain torch: " + (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1])
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json([sys.executable, __file__, "--plain-child", name, "--data", str(data), "--steps", str(steps)],
+                    env={"OMP_NUM_THREADS": "1"}, unset=("MALLOC_MMAP_THRESHOLD_",))
 
 
 def measure_set(name: str, paths: dict, binary: Path, steps: int, runs: int, runtimes: list[str],

@@ -117,7 +117,6 @@ bool register_fast_kernels() {
   f.slice = shipped("aten::slice_copy.Tensor_out");
   f.scatter = shipped("aten::slice_scatter.out");
   f.cat = shipped("aten::cat.out");
-  f.max = shipped("aten::max.dim_max");
   f.bmm = shipped("aten::bmm.out");
   f.mm = shipped("aten::mm.out");
   f.convolution = shipped("aten::convolution.out");
@@ -125,14 +124,12 @@ bool register_fast_kernels() {
   f.where = shipped("aten::where.self_out");
   f.le = shipped("aten::le.Scalar_out");
   f.expand = shipped("aten::expand_copy.out");
-  f.scatter_src = shipped("aten::scatter.src_out");
   f.max_pool = shipped("aten::max_pool2d_with_indices.out");
   f.add = shipped("aten::add.out");
   f.sub = shipped("aten::sub.out");
   f.mul = shipped("aten::mul.out");
-  for (OpFunction op : {f.max, f.permute, f.sum, f.mean, f.slice, f.scatter, f.cat, f.bmm, f.mm, f.convolution,
-                        f.convolution_backward, f.where, f.le, f.expand, f.scatter_src, f.max_pool, f.add, f.sub,
-                        f.mul})
+  for (OpFunction op : {f.permute, f.sum, f.mean, f.slice, f.scatter, f.cat, f.bmm, f.mm, f.convolution,
+                        f.convolution_backward, f.where, f.le, f.expand, f.max_pool, f.add, f.sub, f.mul})
     if (!op) return false;
   std::vector<Kernel> kernels;
   // a program's instruction lists the out variant's return value (the out tensor again) after its arguments,
@@ -185,8 +182,6 @@ bool register_fast_kernels() {
   for (int r = 1; r <= kMaxRank; r++) {
     for (bool ret : {false, true}) {
       const std::vector<int> same = ret ? std::vector<int>{r, r, r} : std::vector<int>{r, r};
-      kernels.emplace_back("aten::scatter.src_out",      // (self, index, src, out[, out])
-                           key(ret ? std::vector<int>{r, -r, r, r, r} : std::vector<int>{r, -r, r, r}), scatter_src_out);
       for (int in = 0; in <= r; in++)       // (self, out[, out]): self of any rank up to out's
         kernels.emplace_back("aten::expand_copy.out", key(ret ? std::vector<int>{in, r, r} : std::vector<int>{in, r}),
                              expand_copy_out);
@@ -196,11 +191,6 @@ bool register_fast_kernels() {
                            slice_scatter_out);
       // a tensor list is no part of a kernel key
       kernels.emplace_back("aten::cat.out", key(ret ? std::vector<int>{r, r} : std::vector<int>{r}), cat_out);
-      for (int o = r - 1; o <= r; o++) {   // keepdim or not
-        if (o < 1) continue;
-        kernels.emplace_back("aten::max.dim_max",
-                             key(ret ? std::vector<int>{r, o, -o, o, -o} : std::vector<int>{r, o, -o}), max_dim_out);
-      }
       for (int o = 0; o <= r; o++) {
         const std::vector<int> ranks = ret ? std::vector<int>{r, o, o} : std::vector<int>{r, o};
         kernels.emplace_back("aten::sum.IntList_out", key(ranks), sum_out);

@@ -35,21 +35,19 @@ using Dims = std::vector<int64_t>;
 
 struct Fallbacks {
   OpFunction permute = nullptr, sum = nullptr, mean = nullptr, slice = nullptr, scatter = nullptr, cat = nullptr,
-             max = nullptr, bmm = nullptr, mm = nullptr,
-             convolution = nullptr, convolution_backward = nullptr, where = nullptr, le = nullptr, expand = nullptr,
-             scatter_src = nullptr, max_pool = nullptr, max_pool_backward = nullptr, add = nullptr, sub = nullptr,
-             mul = nullptr;
+             bmm = nullptr, mm = nullptr, convolution = nullptr, convolution_backward = nullptr, where = nullptr,
+             le = nullptr, expand = nullptr, max_pool = nullptr, max_pool_backward = nullptr, add = nullptr,
+             sub = nullptr, mul = nullptr;
 };
 Fallbacks& fallbacks();
 
 // calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
 // tensors never match the keys runs on the shipped kernels alone, and shows it
-enum Op { kPermute, kSlice, kScatter, kCat, kMax, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kWhere, kLe, kExpand,
-          kScatterSrc, kMaxPool, kMaxPoolBackward, kAdd, kSub, kMul, kOps };
-const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "max.dim", "sum", "mean",
-                                    "bmm", "mm", "convolution", "convolution_backward", "where", "le",
-                                    "expand_copy", "scatter", "max_pool2d", "max_pool2d_backward", "add", "sub",
-                                    "mul"};
+enum Op { kPermute, kSlice, kScatter, kCat, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kWhere, kLe, kExpand,
+          kMaxPool, kMaxPoolBackward, kAdd, kSub, kMul, kOps };
+const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "sum", "mean", "bmm", "mm",
+                                    "convolution", "convolution_backward", "where", "le", "expand_copy",
+                                    "max_pool2d", "max_pool2d_backward", "add", "sub", "mul"};
 extern uint64_t calls[kOps];
 
 inline bool dense(const Tensor& t, ScalarType type) {
@@ -99,9 +97,7 @@ void slice_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void slice_scatter_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void cat_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void expand_copy_out(KernelRuntimeContext& context, Span<EValue*> stack);
-void scatter_src_out(KernelRuntimeContext& context, Span<EValue*> stack);
-void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack);        // kernels_reduce.cpp
-void sum_out(KernelRuntimeContext& context, Span<EValue*> stack);
+void sum_out(KernelRuntimeContext& context, Span<EValue*> stack);            // kernels_reduce.cpp
 void mean_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void bmm_out(KernelRuntimeContext& context, Span<EValue*> stack);            // kernels_matmul.cpp
 void mm_out(KernelRuntimeContext& context, Span<EValue*> stack);

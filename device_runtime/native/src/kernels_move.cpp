@@ -1,5 +1,5 @@
 // Copies on runs of contiguous memory (fast_kernels.cpp says why): permute_copy, slice_copy, slice_scatter, cat,
-// expand_copy, scatter.
+// expand_copy.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -229,40 +229,6 @@ void expand_copy_out(KernelRuntimeContext& context, Span<EValue*> stack) {
   }
   expand(in.const_data_ptr<float>(), out.mutable_data_ptr<float>(), size, in_stride, 0);
   calls[kExpand]++;
-}
-
-// scatter.src_out(self, dim, index, src, *, out): out = self, then out[.., index[i], ..] = src[i] along dim (a max
-// pool's backward routes its gradient so); served where index and src are dense and of one shape matching self's
-// but along dim. The shipped kernel computes every element's coordinates (7% of a CNN step under perf).
-void scatter_src_out(KernelRuntimeContext& context, Span<EValue*> stack) {
-  const Tensor& self = stack[0]->toTensor();
-  const Tensor& index = stack[2]->toTensor();
-  const Tensor& src = stack[3]->toTensor();
-  Tensor& out = stack[4]->toTensor();
-  const int64_t rank = self.dim();
-  bool ok = plain_float(self) && plain_float(src) && plain_float(out) && index.scalar_type() == ScalarType::Long &&
-            executorch::runtime::tensor_is_contiguous(index) && rank > 0 && index.dim() == rank &&
-            src.dim() == rank && out.dim() == rank;
-  const int64_t dim = ok ? wrap(stack[1]->toInt(), rank) : 0;
-  for (int64_t d = 0; ok && d < rank; d++)
-    ok = index.size(d) == src.size(d) && out.size(d) == self.size(d) && (d == dim || index.size(d) == self.size(d));
-  if (!ok) return fallbacks().scatter_src(context, stack);
-  const Around to = around(self, dim), from = around(index, dim);
-  const float* x = src.const_data_ptr<float>();
-  const int64_t* at = index.const_data_ptr<int64_t>();
-  float* o = out.mutable_data_ptr<float>();
-  if (o != self.const_data_ptr<float>())
-    std::memcpy(o, self.const_data_ptr<float>(), static_cast<size_t>(self.numel()) * sizeof(float));
-  for (int64_t a = 0; a < from.outer; a++)
-    for (int64_t j = 0; j < from.along; j++) {
-      const int64_t f = (a * from.along + j) * from.inner;
-      for (int64_t i = 0; i < from.inner; i++) {
-        const int64_t k = at[f + i];
-        if (k < 0 || k >= to.along) return fallbacks().scatter_src(context, stack);   // it says what is wrong
-        o[(a * to.along + k) * to.inner + i] = x[f + i];
-      }
-    }
-  calls[kScatterSrc]++;
 }
 
 }  // namespace edgefl::kernels

@@ -1,49 +1,14 @@
-// Reductions: max.dim, sum, mean. A sum over a contiguous run of inputs (a batch norm's mean over each channel's
+// Reductions: sum, mean. A sum over a contiguous run of inputs (a batch norm's mean over each channel's
 // positions, the innermost dimensions) adds them in 16 interleaved partial sums, combined pairwise, then into
 // the output: one float accumulator in input order, as the shipped kernel adds, waits a full addition per value
 // (9% of a ResNet-20 step), and is the less accurate of the two. Other sums add in ascending input index.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernels_internal.h"
 
 namespace edgefl::kernels {
-
-// max.dim_max(self, dim, keepdim, *, max, max_values): the largest value along dim and the index of its
-// first occurrence; a NaN wins (its first occurrence), as in torch.
-void max_dim_out(KernelRuntimeContext& context, Span<EValue*> stack) {
-  const Tensor& in = stack[0]->toTensor();
-  Tensor& values = stack[3]->toTensor();
-  Tensor& indices = stack[4]->toTensor();
-  if (!plain_float(in) || !plain_float(values) || indices.scalar_type() != ScalarType::Long ||
-      !executorch::runtime::tensor_is_contiguous(indices) || values.numel() != indices.numel())
-    return fallbacks().max(context, stack);
-  const int64_t dim = wrap(stack[1]->toInt(), in.dim());
-  const Around a = around(in, dim);
-  if (a.along == 0 || values.numel() != a.outer * a.inner) return fallbacks().max(context, stack);
-  const float* x = in.const_data_ptr<float>();
-  float* v = values.mutable_data_ptr<float>();
-  int64_t* ix = indices.mutable_data_ptr<int64_t>();
-  for (int64_t o = 0; o < a.outer; o++) {
-    for (int64_t i = 0; i < a.inner; i++) {
-      const float* p = x + o * a.along * a.inner + i;
-      float best = p[0];
-      int64_t at = 0;
-      for (int64_t j = 1; j < a.along && !std::isnan(best); j++) {
-        const float c = p[j * a.inner];
-        if (c > best || std::isnan(c)) {
-          best = c;
-          at = j;
-        }
-      }
-      v[o * a.inner + i] = best;
-      ix[o * a.inner + i] = at;
-    }
-  }
-  calls[kMax]++;
-}
 
 namespace {
 
