@@ -8,8 +8,9 @@ after every run, so a long study keeps what it has. `--merge` combines studies s
 finds its checkpoint there (edgefl.server.runstate, as `edgefl emulate --resume`): a study to convergence,
 hours long, runs in pieces that end as the uninterrupted run would.
 
-Ordering rule (SLT's, bench/reproduce_slt.py): methods are ordered by final accuracy; neighbours closer than
-one point (TIE) are ties. `matches_paper_order` is true when our order is the paper's, "up to ties" when the
+Ordering rule (SLT's, bench/reproduce_slt.py): methods are ordered by their score, final accuracy, or where
+the study scores as its papers do (`score_last` 10: ProFL sec. 4.1, FeDepth, FedOLF) the mean accuracy of the
+last 10 rounds, each evaluated; neighbours closer than one point (TIE) are ties. `matches_paper_order` is true when our order is the paper's, "up to ties" when the
 paper's order holds once accuracies within a point count as equal, and false otherwise.
 """
 from __future__ import annotations
@@ -20,9 +21,11 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -40,25 +43,50 @@ from edgefl.server.coordinator import LoopSettings  # noqa: E402
 from edgefl.zoo import ModelRef  # noqa: E402
 
 TIE = 0.01
+# a run has converged when its last-10 mean is less than one point (TIE) above its best evaluation at least
+# CONVERGED_SPAN rounds before its end: its last 50 rounds gained less than a point. Fixed before any run.
+CONVERGED_SPAN = 50
 BATCH, SEED = 32, 0
 ENERGY_PROFILE = "android-mid"      # the papers' devices are phones and IoT boards; the studies' budgets are ort's
 
 
+def score(row: dict) -> float:
+    """What a run is ordered by: its last-10 mean where it has one, else its final accuracy."""
+    return row["final_last10"] if row.get("final_last10") is not None else row["final"]
+
+
+def last_rounds(curve: list, rounds: int, last: int) -> dict:
+    """A run's last-`last` mean (`final_last10`) and whether it converged, from its curve [(round, accuracy)];
+    nothing where its last rounds were not each evaluated."""
+    tail = [a for r, a in curve if r > rounds - last]
+    if not last or len(tail) < last:
+        return {}
+    mean = sum(tail) / last
+    before = [a for r, a in curve if r <= rounds - CONVERGED_SPAN]
+    gain = mean - max(before) if before else None
+    return {"final_last10": round(mean, 4),
+            "converged": {"converged": gain is not None and gain < TIE,
+                          "gain_over_last_rounds": None if gain is None else round(gain, 4),
+                          "span_rounds": CONVERGED_SPAN,
+                          "rule": f"last-{last} mean less than {TIE:.0%} above the best evaluation at least "
+                                  f"{CONVERGED_SPAN} rounds before the end"}}
+
+
 def order_of(rows: dict, methods: list[str]) -> list[str]:
     done = [m for m in methods if rows.get(m, {}).get("final") is not None]
-    return sorted(done, key=lambda m: -rows[m]["final"])
+    return sorted(done, key=lambda m: -score(rows[m]))
 
 
 def compare(rows: dict, paper_order: list[str]) -> dict:
     """Our order of the paper's methods (those that ran), its ties, and whether it is the paper's."""
     ours = order_of(rows, paper_order)
-    ties = [[a, b] for a, b in zip(ours, ours[1:]) if rows[a]["final"] - rows[b]["final"] < TIE]
+    ties = [[a, b] for a, b in zip(ours, ours[1:]) if score(rows[a]) - score(rows[b]) < TIE]
     paper = [m for m in paper_order if m in ours]
     if len(ours) < len(paper_order):
         match = None                       # not every method ran: no verdict
     elif ours == paper:
         match = True if not ties else "up to ties"
-    elif all(rows[a]["final"] >= rows[b]["final"] - TIE for i, a in enumerate(paper) for b in paper[i + 1:]):
+    elif all(score(rows[a]) >= score(rows[b]) - TIE for i, a in enumerate(paper) for b in paper[i + 1:]):
         match = "up to ties"
     else:
         match = False
@@ -105,6 +133,11 @@ class Run:
     fleet: Fleet
     emulate: dict = field(default_factory=dict)      # e.g. {"toa": 0.75}
     ceiling: bool = False            # the unconstrained reference, not ordered with the others
+    options: dict = field(default_factory=dict)      # the method's own, e.g. ProFL's {"blocks": 2}
+
+    def strategy(self):
+        from edgefl.planning.strategies import STRATEGIES
+        return STRATEGIES[self.method](**self.options) if self.options else self.method
 
 
 @dataclass
@@ -121,6 +154,10 @@ class Study:
     # the paper's table for a non-iid partition where it has one apart from `paper`'s: its "source", "accuracy"
     # and "order" (e.g. FedOLF: Table 2 iid, Table 1 Dirichlet(0.1))
     non_iid: Optional[dict] = None
+    score_last: int = 0              # 10: scored as the mean of the last 10 rounds (`last_rounds`)
+    input_shape: tuple = (1, 28, 28)      # the 28x28 images are zero-padded to it (VGG-11 needs 32x32)
+    # the paper's other columns: a name -> the fields it changes (model, paper, paper_order, settings, ...)
+    columns: dict = field(default_factory=dict)
 
     def compared_with(self, partition: str) -> tuple[dict, list[str]]:
         """The paper's numbers and order a run on `partition` is compared with."""
@@ -133,6 +170,9 @@ class Study:
 def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--merge", type=Path, nargs="+", help="combine these result files into -o and stop")
+    if study.columns:
+        p.add_argument("--column", choices=sorted(study.columns), help="the paper's other columns (default: "
+                       f"{study.model}'s)")
     p.add_argument("--rounds", type=int, default=study.settings.get("rounds"))
     p.add_argument("--partition", default=study.settings.get("partition"))
     p.add_argument("--data", default="fashion-mnist", choices=("fashion-mnist", "mnist"),
@@ -182,22 +222,36 @@ def merge(paths: list[Path]) -> dict:
     return result
 
 
+def padded(data, shape: tuple):
+    """The 28x28 images zero-padded evenly to `shape`'s height and width."""
+    dh, dw = shape[-2] - data.x.shape[-2], shape[-1] - data.x.shape[-1]
+    if (dh, dw) == (0, 0):
+        return data
+    x = np.pad(data.x, ((0, 0), (0, 0), (dh // 2, dh - dh // 2), (dw // 2, dw - dw // 2)))
+    return replace(data, x=x)
+
+
 def main(study: Study, description: str, argv=None) -> None:
     args = arguments(study, description, argv)
+    if getattr(args, "column", None):       # its settings are other defaults: parse again with them
+        study = replace(study, **study.columns[args.column])
+        args = arguments(study, description, argv)
     if args.merge:
         result = merge(args.merge)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("our_order", "matches_paper_order")}))
         return
-    train = subset(load_dataset(args.data, split="train"), args.train_limit, args.seed)
-    test = subset(load_dataset(args.data, split="test"), args.test_limit, args.seed + 1)
-    ref = ModelRef.of(study.model, num_classes=10, input_shape=(1, 28, 28))
+    train = padded(subset(load_dataset(args.data, split="train"), args.train_limit, args.seed), study.input_shape)
+    test = padded(subset(load_dataset(args.data, split="test"), args.test_limit, args.seed + 1), study.input_shape)
+    ref = ModelRef.of(study.model, num_classes=10, input_shape=study.input_shape)
     settings = {**study.settings, "rounds": args.rounds, "partition": args.partition, "train_limit": args.train_limit,
                 "test_limit": args.test_limit, "runtime": args.runtime, "seed": args.seed, "devices": study.devices,
                 "clients_per_round": study.clients_per_round, "model": ref.label(), "data": args.data,
-                "train_examples": len(train.y), "test_examples": len(test.y)}
+                "train_examples": len(train.y), "test_examples": len(test.y),
+                **({"score_last": study.score_last, "column": getattr(args, "column", None)} if study.score_last else {})}
     loop = LoopSettings(rounds=args.rounds, clients_per_round=study.clients_per_round, seed=args.seed,
-                        eval_every=settings["eval_every"], lr=settings["lr"], lr_final=settings["lr_final"])
+                        eval_every=settings["eval_every"], eval_last=study.score_last, lr=settings["lr"],
+                        lr_final=settings["lr_final"])
     shares = parse_partition(args.partition).split(train.y, study.devices, args.seed)
     runs = study.runs(args, ref)
     fleet = next(r.fleet for r in runs if not r.ceiling)      # the paper's budgets, whichever runs are asked for
@@ -215,14 +269,18 @@ def main(study: Study, description: str, argv=None) -> None:
     result["budgets_bytes"] = {g.name: g.memory_budget_bytes for g in fleet.groups}
     for run in runs:
         started = time.strftime("%H:%M:%S")
-        row = run_method(run.method, run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate,
-                         **run_state(args.state, run.label, {**settings, "options": repr(run.emulate)}))
-        row.update(method=run.method, ceiling=run.ceiling, options=run.emulate)
+        row = run_method(run.strategy(), run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate,
+                         **run_state(args.state, run.label, {**settings, "options": repr(run.emulate),
+                                                             **({"method_options": run.options} if run.options else {})}))
+        row.update(method=run.method, ceiling=run.ceiling, options=run.emulate, **last_rounds(
+            row["curve"], args.rounds, study.score_last))
+        if run.options:
+            row["method_options"] = run.options
         row["groups"] = {g.name: {"devices": g.count, "memory_budget": g.memory_budget_bytes} for g in run.fleet.groups}
         result["methods"][run.label] = row
         summarise(result, paper_order)
         result["load_after"] = os.getloadavg()
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"{started} {run.label:16} final {row['final']} best {row['best']} excluded {list(row['excluded'])} "
+        print(f"{started} {run.label:16} final {row['final']} last-10 {row.get('final_last10')} best {row['best']} excluded {list(row['excluded'])} "
               f"({row.get('seconds_per_round', 0):.1f} s/round, {row['wall_s']:.0f} s)", flush=True)

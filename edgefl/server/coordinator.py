@@ -69,6 +69,8 @@ class LoopSettings:
     clients_per_round: int
     seed: int = 0
     eval_every: int = 1
+    # the last rounds each evaluated as well: papers score a run by its mean accuracy over its last 10 rounds
+    eval_last: int = 0
     lr: float = 0.05
     lr_final: float = 0.005                   # cosine annealing over rounds, as in SLT sec. 3.1
     round_timeout_s: Optional[float] = None
@@ -198,7 +200,7 @@ class Coordinator:
                 intake.take(report)
         intake.close(self.group_of, self.settings.min_reports)
         self.strategy.after_round(r, record, self.server.state, edit=self._edit)
-        if r % self.settings.eval_every == 0 or r == self.settings.rounds:
+        if r % self.settings.eval_every == 0 or r > self.settings.rounds - max(self.settings.eval_last, 1):
             metrics = self.server.evaluate()
             record.accuracy, record.loss = metrics.get("accuracy"), metrics.get("loss")
             record.group_accuracy = self.server.evaluate_groups()
