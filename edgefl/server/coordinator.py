@@ -77,6 +77,11 @@ class LoopSettings:
     measure_memory: bool = False              # devices measure kept activations and fail over their memory
     min_reports: int = 1                      # quorum: fewer accepted reports and the round does not aggregate
 
+    def evaluates(self, round: int) -> bool:
+        """Whether the global model is evaluated after `round`: every eval_every, each of the last eval_last
+        and the last."""
+        return round % self.eval_every == 0 or round > self.rounds - max(self.eval_last, 1)
+
     def lr_at(self, round: int) -> float:
         import math
         progress = (round - 1) / max(self.rounds - 1, 1)
@@ -200,7 +205,7 @@ class Coordinator:
                 intake.take(report)
         intake.close(self.group_of, self.settings.min_reports)
         self.strategy.after_round(r, record, self.server.state, edit=self._edit)
-        if r % self.settings.eval_every == 0 or r > self.settings.rounds - max(self.settings.eval_last, 1):
+        if self.settings.evaluates(r):
             metrics = self.server.evaluate()
             record.accuracy, record.loss = metrics.get("accuracy"), metrics.get("loss")
             record.group_accuracy = self.server.evaluate_groups()

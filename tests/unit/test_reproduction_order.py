@@ -71,3 +71,35 @@ def test_a_non_iid_run_is_compared_with_the_papers_non_iid_table():
     paper, order = study.compared_with("dirichlet:0.1")
     assert order[:3] == ["fedolf", "fedolf+toa0.75", "slt"] and paper["accuracy"]["slt"] == 25.04
     assert "Table 1" in paper["source"] and paper["setting"] == study.paper["setting"]
+
+
+def test_a_last10_score_orders_the_methods_where_the_final_round_would_not():
+    # a ends on a lucky round, b is better over its last ten: scored as the papers score, b leads
+    result = compare({"a": {"final": 0.80, "final_last10": 0.70}, "b": {"final": 0.75, "final_last10": 0.74},
+                      "c": {"final": 0.60, "final_last10": 0.60}}, PAPER)
+    assert result["our_order"] == ["b", "a", "c"] and result["matches_paper_order"] is False
+
+
+def test_last_rounds_mean_and_convergence():
+    from reproduction import CONVERGED_SPAN, last_rounds
+
+    rounds = 100
+    flat = [(r, 0.5) for r in range(5, rounds - 9, 5)] + [(r, 0.8 + (r % 2) * 0.002) for r in range(rounds - 9, rounds + 1)]
+    # the last 50 rounds gained 30 points: not converged, whatever the tail's mean
+    row = last_rounds(flat, rounds, 10)
+    assert row["final_last10"] == pytest.approx(0.801) and row["converged"]["converged"] is False
+    assert row["converged"]["gain_over_last_rounds"] == pytest.approx(0.301)
+    plateau = [(r, 0.795) for r in range(5, rounds - 9, 5)] + flat[-10:]
+    assert last_rounds(plateau, rounds, 10)["converged"]["converged"] is True      # 0.6 points in 50 rounds
+    assert last_rounds(flat[:-1], rounds, 10) == {}           # a last round not evaluated: no score
+    assert last_rounds(flat, rounds, 0) == {}
+    assert CONVERGED_SPAN == 50
+
+
+def test_the_loop_evaluates_each_of_the_last_rounds():
+    from edgefl.server.coordinator import LoopSettings
+
+    settings = LoopSettings(rounds=30, clients_per_round=1, eval_every=5, eval_last=10)
+    assert [r for r in range(1, 31) if settings.evaluates(r)] == [5, 10, 15, 20] + list(range(21, 31))
+    plain = LoopSettings(rounds=12, clients_per_round=1, eval_every=5)
+    assert [r for r in range(1, 13) if plain.evaluates(r)] == [5, 10, 12]
