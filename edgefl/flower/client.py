@@ -113,7 +113,7 @@ def _trainer(model_json: str, device: str, threads: int):
     from edgefl.engines.local import torch_trainer
     from edgefl.zoo import ModelRef
 
-    torch.set_num_threads(threads)      # the server's count: parallel float sums depend on it
+    torch.set_num_threads(threads)      # the strategy's count (records.NODE_THREADS): float sums depend on it
     return torch_trainer(ModelRef.from_json(json.loads(model_json)), device)
 
 

@@ -6,7 +6,8 @@ ServerApp whose strategy is `EdgeflStrategy` and a ClientApp of edgefl devices (
 Flower supernode per device, in the actors of Flower's Ray backend. history.json gets each
 round as it ends, weights.pt and flower_messages.json (what each train message and its reply carried) at the end, so `edgefl report` reads the folder as it reads an emulated run.
 Same seed, same results as `edgefl emulate`: the same round loop samples, plans, slices and aggregates, and
-each node trains with the emulated device's code, rows, seed and torch thread count.
+each node trains with the emulated device's code, rows and seed, at one torch thread (records.NODE_THREADS:
+`edgefl emulate` gives the same weights at OMP_NUM_THREADS=1).
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Callable
 
 from edgefl.errors import ConfigError
+from edgefl.flower.records import NODE_THREADS
 from edgefl.server.history import HistoryFile, record_to_json
 
-CLIENT_CPUS = 1          # Ray CPUs each simulated client reserves: the pool holds one actor per CPU
+CLIENT_CPUS = NODE_THREADS      # Ray CPUs each simulated client reserves: one actor per CPU, each node's threads
 TIMEOUT_S = 3600.0       # a round's replies must arrive within this
 MESSAGES_SCHEMA = "edgefl.flower_messages/1"
 

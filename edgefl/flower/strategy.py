@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Optional
 
 from edgefl.errors import TransportError
 from edgefl.flower.client import DEVICE_ID
-from edgefl.flower.records import array_record, import_flwr, report_of, train_content
+from edgefl.flower.records import NODE_THREADS, array_record, import_flwr, report_of, train_content
 from edgefl.messages import RoundInstruction
 from edgefl.transport import Transport
 
@@ -169,12 +169,10 @@ class EdgeflStrategy(_strategy_base()):
     def _node_config(self, instruction: RoundInstruction) -> dict:
         import json
 
-        import torch
-
         group = self.group_of[instruction.device_id]
         return {"group": group.name, "memory-bytes": int(group.memory_budget_bytes),
                 "model": json.dumps(self.run.plan.model.to_json()), "torch-device": self.run.spec.device,
-                "torch-threads": torch.get_num_threads()}
+                "torch-threads": NODE_THREADS}
 
     # -- Flower's Strategy
     def configure_train(self, server_round, arrays, config, grid) -> Iterable:

@@ -42,9 +42,9 @@ needs_flower = pytest.mark.skipif(not FLOWER_PYTHON.exists() and not os.environ.
                                   reason=f"no Flower environment; {SETUP}")
 
 
-def edgefl(python: Path, command: str, out: Path, *args: str) -> str:
-    # one intra-op thread in both: the same float sums in the Flower nodes and in the emulation's devices
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DISABLE_USAGE_STATS": "1"}
+def edgefl(python: Path, command: str, out: Path, *args: str, threads: int = 1) -> str:
+    # `edgefl emulate` at one intra-op thread: the count Flower nodes train with, whatever the server's
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "RAY_DISABLE_USAGE_STATS": "1"}
     r = subprocess.run([str(python), "-m", "edgefl", command, *args, "-o", str(out)], capture_output=True,
                        text=True, timeout=RUN_S, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -73,7 +73,7 @@ def runs(tmp_path_factory, fleet):
             folder = tmp_path_factory.mktemp(method)
             args = ("--devices", str(fleet), "--method", method, *ARGS, *extra)
             edgefl(Path(sys.executable), "emulate", folder / "emulated", *args)
-            said = edgefl(FLOWER_PYTHON, "flower", folder / "flower", *args)
+            said = edgefl(FLOWER_PYTHON, "flower", folder / "flower", *args, threads=2)
             assert "Flower simulation: 20 supernodes, one per device" in said
             made[method] = folder / "emulated", folder / "flower"
         return made[method]
@@ -120,6 +120,7 @@ def test_a_node_is_sent_only_its_slice_and_its_groups_config(runs):
         record = rounds[m["round"] - 1]
         group = record["sampled"][m["device"]]
         assert m["config"]["group"] == group
+        assert m["config"]["torch-threads"] == 1        # the CPU Flower reserves a client, not the server's 2
         assert m["config"]["memory-bytes"] == plan["groups"][group]["budget"]["memory_bytes"]
         (step,) = [s for s in plan["groups"][group]["steps"] if m["round"] in range(s["rounds"][0], s["rounds"][1] + 1)]
         assert {k: m["config"][f"train.{k}"] for k in ("head_width", "frozen_prefix", "num_layers")} == \
