@@ -78,7 +78,7 @@ STUDY = Study(
                       "learning rate not stated"},
     settings={**SETTINGS, "rounds": 300, "full_model_share": 0.08, "blocks": 3},
     paper_order=["profl", "small", "heterofl", "depthfl", "exclusive"],
-    runs=runs_with({}, 0.08), clients_per_round=20, score_last=10, columns={"vgg11bn": VGG11})
+    runs=runs_with({}, 0.08), clients_per_round=20, score_last=10, columns={"vgg11bn": VGG11}, column="resnet")
 
 if __name__ == "__main__":
     main(STUDY, __doc__.splitlines()[0])

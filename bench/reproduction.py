@@ -158,6 +158,7 @@ class Study:
     input_shape: tuple = (1, 28, 28)      # the 28x28 images are zero-padded to it (VGG-11 needs 32x32)
     # the paper's other columns: a name -> the fields it changes (model, paper, paper_order, settings, ...)
     columns: dict = field(default_factory=dict)
+    column: str = ""                 # the default column's name, where there are others
 
     def compared_with(self, partition: str) -> tuple[dict, list[str]]:
         """The paper's numbers and order a run on `partition` is compared with."""
@@ -170,6 +171,7 @@ class Study:
 def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--merge", type=Path, nargs="+", help="combine these result files into -o and stop")
+    p.add_argument("--combine", type=Path, nargs="+", help="these result files (columns, seeds) as one file, -o")
     if study.columns:
         p.add_argument("--column", choices=sorted(study.columns), help="the paper's other columns (default: "
                        f"{study.model}'s)")
@@ -231,11 +233,45 @@ def padded(data, shape: tuple):
     return replace(data, x=x)
 
 
+KEPT = ("final_last10", "best", "final", "converged", "ceiling", "excluded", "wall_s", "seconds_per_round")
+
+
+def combine(paths: list[Path], default_column: str) -> dict:
+    """One file of a study's result files, by column and seed: each seed's rows (KEPT), order and verdict, and
+    per column the order of the methods' means over the seeds that ran them all, under the same tie rule."""
+    columns: dict = {}
+    for path in paths:
+        part = json.loads(Path(path).read_text())
+        settings = {k: v for k, v in part["settings"].items() if k != "seed"}
+        settings["column"] = settings.get("column") or default_column
+        column = columns.setdefault(settings["column"], {
+            "settings": settings, "paper": part["paper"], "paper_order": part["paper_order"], "seeds": {}})
+        if column["settings"] != settings:
+            raise SystemExit(f"--combine: {path} has other settings than the column's first file")
+        rows = {m: {k: r[k] for k in KEPT if k in r} for m, r in part["methods"].items()}
+        column["seeds"][str(part["settings"]["seed"])] = {
+            "file": Path(path).name, "budgets_bytes": part["budgets_bytes"], "methods": rows,
+            **compare(rows, part["paper_order"])}
+    for column in columns.values():
+        runs = list(column["seeds"].values())
+        done = set.intersection(*(set(m for m, r in run["methods"].items() if r.get("final") is not None)
+                                  for run in runs))
+        means = {m: {key: sum(run["methods"][m][key] for run in runs) / len(runs) for key in ("final_last10", "best")
+                     if all(run["methods"][m].get(key) is not None for run in runs)} for m in sorted(done)}
+        column["mean"] = {"seeds": sorted(column["seeds"]), "methods": means,
+                          **compare({m: {"final": v.get("final_last10", v["best"]), **v} for m, v in means.items()},
+                                    column["paper_order"])}
+    return {"schema": "edgefl.reproduction/2", "columns": columns}
+
+
 def main(study: Study, description: str, argv=None) -> None:
     args = arguments(study, description, argv)
     if getattr(args, "column", None):       # its settings are other defaults: parse again with them
         study = replace(study, **study.columns[args.column])
         args = arguments(study, description, argv)
+    if args.combine:
+        args.output.write_text(json.dumps(combine(args.combine, study.column or study.name), indent=2) + "\n")
+        return
     if args.merge:
         result = merge(args.merge)
         args.output.write_text(json.dumps(result, indent=2) + "\n")
@@ -248,7 +284,7 @@ def main(study: Study, description: str, argv=None) -> None:
                 "test_limit": args.test_limit, "runtime": args.runtime, "seed": args.seed, "devices": study.devices,
                 "clients_per_round": study.clients_per_round, "model": ref.label(), "data": args.data,
                 "train_examples": len(train.y), "test_examples": len(test.y),
-                **({"score_last": study.score_last, "column": getattr(args, "column", None)} if study.score_last else {})}
+                **({"score_last": study.score_last, "column": getattr(args, "column", None) or study.column} if study.score_last else {})}
     loop = LoopSettings(rounds=args.rounds, clients_per_round=study.clients_per_round, seed=args.seed,
                         eval_every=settings["eval_every"], eval_last=study.score_last, lr=settings["lr"],
                         lr_final=settings["lr_final"])

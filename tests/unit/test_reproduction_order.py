@@ -103,3 +103,30 @@ def test_the_loop_evaluates_each_of_the_last_rounds():
     assert [r for r in range(1, 31) if settings.evaluates(r)] == [5, 10, 15, 20] + list(range(21, 31))
     plain = LoopSettings(rounds=12, clients_per_round=1, eval_every=5)
     assert [r for r in range(1, 13) if plain.evaluates(r)] == [5, 10, 12]
+
+
+def test_combine_orders_each_column_by_its_seeds_means(tmp_path):
+    from reproduction import combine
+
+    def part(seed, column, scores):
+        methods = {m: {"final": v, "final_last10": v, "best": v + 0.01, "converged": {"converged": True}, "curve": []}
+                   for m, v in scores.items()}
+        return {"settings": {"seed": seed, "rounds": 9, **({"column": column} if column else {})},
+                "paper": {}, "paper_order": PAPER, "budgets_bytes": {"b0": 1}, "methods": methods}
+    files = []
+    for name, content in {"r0": part(0, None, {"a": 0.80, "b": 0.70, "c": 0.60}),
+                          "r1": part(1, "resnet", {"a": 0.60, "b": 0.74, "c": 0.61}),
+                          "v0": part(0, "vgg", {"a": 0.5, "b": 0.4, "c": 0.3})}.items():
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(content))
+    result = combine(files, "resnet")
+    resnet = result["columns"]["resnet"]
+    assert sorted(resnet["seeds"]) == ["0", "1"] and "curve" not in resnet["seeds"]["0"]["methods"]["a"]
+    assert resnet["seeds"]["1"]["our_order"] == ["b", "c", "a"]
+    # means: a 0.70, b 0.72, c 0.605: b leads a by two points
+    assert resnet["mean"]["methods"]["b"]["final_last10"] == pytest.approx(0.72)
+    assert resnet["mean"]["our_order"] == ["b", "a", "c"] and resnet["mean"]["matches_paper_order"] is False
+    assert result["columns"]["vgg"]["mean"]["matches_paper_order"] is True
+    (tmp_path / "bad.json").write_text(json.dumps({**part(2, None, {"a": 0.5}), "settings": {"seed": 2, "rounds": 8}}))
+    with pytest.raises(SystemExit, match="other settings"):
+        combine(files + [tmp_path / "bad.json"], "resnet")
