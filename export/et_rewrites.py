@@ -13,8 +13,9 @@ permuted reshape (two input-sized copies each way).
 * `MatmulLinear`: x @ W^T + b as one matrix product (addmm's training kernel is the slow one), transposing
   the smaller of input and weight.
 * `TiledAvgPool2d`: average pooling over tiling windows as a mean over a reshape (no avg_pool2d backward).
-* `StatBatchNorm2d`: batch norm written out of mean/var/rsqrt. In training its running statistics are
-  values, not buffers mutated in place: it reads them from its buffers (which the exporter replaces by
+* `StatBatchNorm2d`: batch norm as edgefl's fused operator in training (edgefl.export.et_ops; written out of
+  mean/var/rsqrt in evaluation mode). In training its running statistics are values, not buffers mutated in
+  place: it reads them from its buffers (which the exporter replaces by
   program inputs) and leaves the updated ones in `updates`, which the exporter returns as outputs. That
   sidesteps the three traps of train-mode BN in an ExecuTorch training program: no out variant for the
   functional batch-norm op, mutated buffers starting from zero instead of their initial values, and
@@ -36,6 +37,8 @@ import copy
 
 import torch
 from torch import nn
+
+from edgefl.export.et_ops import batch_norm
 
 
 class MatmulLinear(nn.Module):
@@ -82,26 +85,13 @@ class StatBatchNorm2d(nn.Module):
         return bn.affine and bn.track_running_stats and bn.momentum is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mean, var = self.running_mean, self.running_var
-        if not self.training:
-            centred = x - mean.reshape(1, -1, 1, 1)
-        else:
-            batch_mean = x.mean(dim=(0, 2, 3))
-            t = self.batch_statistics
-            mean = t * batch_mean + (1 - t) * mean
-            # one centred tensor serves the batch variance and the output, so the backward keeps one copy
-            # of the input's size per BN (as torch does), not two: with t = 1 it is x - batch_mean exactly;
-            # with t = 0 (evaluation) the batch variance it gives is wrong but weighs 0
-            centred = x - mean.reshape(1, -1, 1, 1)
-            batch_var = (centred * centred).mean(dim=(0, 2, 3))
-            n, m = x.numel() // x.shape[1], self.momentum
-            # torch updates the running variance with the unbiased batch variance
-            self.updates = ((1 - m) * self.running_mean + m * batch_mean.detach(),
-                            (1 - m) * var + m * batch_var.detach() * (n / max(n - 1, 1)))
-            var = t * batch_var + (1 - t) * var
-        scale = torch.rsqrt(var + self.eps) * self.weight
+        if self.training:
+            y, self.updates = batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+                                         self.batch_statistics, self.momentum, self.eps)
+            return y
+        scale = torch.rsqrt(self.running_var + self.eps) * self.weight
         bias = self.bias.unsqueeze(-1).unsqueeze(-1)     # a copy, not a view of the weight (module docstring)
-        return centred * scale.reshape(1, -1, 1, 1) + bias
+        return (x - self.running_mean.reshape(1, -1, 1, 1)) * scale.reshape(1, -1, 1, 1) + bias
 
 
 class TiledAvgPool2d(nn.Module):

@@ -18,10 +18,11 @@ holds. Parameters are named in the program and the `.ptd` by their suffix state_
 Shapes are static, at the batch the artifact is exported for: a symbolic batch made exporting half again
 as slow, and ExecuTorch plans memory for the largest batch anyway.
 
-The training program's operators are standard aten ones. Its convolutions, max pools, matrix products, batch
-norms' arithmetic and the copies and reductions around them run on edgefl's kernels (device_runtime/native/src:
-registered in the native trainer, and in the Python bindings by the Python ExecuTorch trainer, which requires
-them: the shipped max pool backward returns wrong gradients), the rest on ExecuTorch's; a transpose is a full
+The training program's operators are aten ones and edgefl's batch norm and its backward (edgefl.export.et_ops:
+one fused kernel each way). Those two, its convolutions, max pools, matrix products and the copies and
+reductions around them run on edgefl's kernels (device_runtime/native/src: registered in the native trainer, and
+in the Python bindings by the Python ExecuTorch trainer, which requires them: no shipped kernel serves the batch
+norm, and the shipped max pool backward returns wrong gradients), the rest on ExecuTorch's; a transpose is a full
 copy, so autograd's transposes are moved onto the smaller operand (`_transpose_the_smaller_operand`). Memory:
 an alias autograd saves is read at its source (`_drop_aliases`), what the forward built only by moving data is
 built again in the backward instead of kept (`_rematerialize_patches`), and the plan packs tensors by offset

@@ -42,9 +42,9 @@ def _edgefl_kernels() -> str:
     from edgefl.device_runtime import native
     path = native.find_kernels()
     if path is None:
-        raise MissingDependencyError("edgefl's ExecuTorch kernels are not built (the programs' max pools need them: "
-                                     "the shipped pool backward returns wrong gradients; convolutions run tens of "
-                                     "times slower without them); build them with 'edgefl-device build-native'")
+        raise MissingDependencyError("edgefl's ExecuTorch kernels are not built (the programs' batch norms need "
+                                     "them, edgefl's own operators; the shipped pool backward returns wrong "
+                                     "gradients; convolutions run tens of times slower without them); build them with 'edgefl-device build-native'")
     try:
         library = ctypes.CDLL(str(path))
     except OSError as exc:

@@ -204,8 +204,13 @@ DEFAULTS: dict[str, RuntimeConstants] = {
     # program's copy is alive (bench/artifact_memory.py: executorch_phases). Most of a peak is the suffix
     # program's memory-planned arena, the step's live bytes: ResNet-20's is 0.95-1.10x the cost model's step
     # peak (executorch_arena), the CNN's and VGG-11's 0.2-1.9x, the transformer's and the ViT's 1.3-1.5x: what
-    # the families' workspace factors and fixed terms absorb. prefix_batch 1: the native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch trainer (--trainer
-    # python, imports torch) peaks at 368-430 MiB on the same sets: these constants do not cover it.
+    # the families' workspace factors and fixed terms absorb. After edgefl::batch_norm (one fused kernel each way
+    # instead of BN written out) the ResNet-20 and VGG-11 rows were measured again and these constants kept: they
+    # bound every row (resnet 0.91-0.95, vgg11bn 0.78-0.98), where a refit covered ResNet-20 with workspace
+    # factor 0, a prediction blind to the batch (bench/results/artifact_memory.json: executorch_note).
+    # prefix_batch 1: the native trainer runs the frozen prefix one sample at a time. The Python ExecuTorch
+    # trainer (--trainer python, imports torch) peaks at 368-430 MiB on the same sets: these constants do not
+    # cover it.
     "executorch": RuntimeConstants(
         baseline_bytes=5_259_264, workspace_fixed_bytes=7_757_549, workspace_factor=1.55,
         source="measured native trainer RSS; workspace an upper bound per family on measured native peaks",

@@ -8,7 +8,7 @@ run's report shows its kernels served the program's calls (a key that never matc
 kernels doing all the work). Both keep edgefl's max pool backward, whose shipped kernel returns wrong gradients."""
 import numpy as np
 import pytest
-from export_cases import CNN, EXPORTS, LM, available, cnn_config
+from export_cases import CNN, EXPORTS, LM, RESNET, available, cnn_config
 from test_native_trainer import CASES, SEED, STEPS, local_data, native, rate, rel
 
 pytestmark = [EXPORTS, pytest.mark.skipif(not available("executorch"), reason="executorch is not installed"),
@@ -32,11 +32,15 @@ def test_edgefl_kernels_train_as_the_shipped_ones(ref, config, tolerance, export
     np.testing.assert_allclose(ours["losses"], shipped["losses"], rtol=1e-5)
     trained, reference = np.load(tmp_path / "edgefl.npy"), np.load(tmp_path / "shipped.npy")
     assert rel(trained, reference) <= tolerance
-    # --kernels shipped keeps edgefl's fix of the max pool's backward alone (its shipped kernel adds into a buffer
-    # it never zeroes): the CNN's pools run it, nothing else is served
-    fixed = shipped["edgefl_kernel_calls"].pop("max_pool2d_backward")
-    assert not any(shipped["edgefl_kernel_calls"].values()) and fixed == (STEPS if ref is CNN else 0), fixed  # one pool in the suffix
-    calls = ours["edgefl_kernel_calls"]
+    # --kernels shipped keeps edgefl's fix of the max pool's backward (its shipped kernel adds into a buffer it never
+    # zeroes: the CNN's one pool runs it) and edgefl's own batch norm operators (the ResNet's, no shipped kernel
+    # exists), nothing else
+    calls, kept = ours["edgefl_kernel_calls"], shipped["edgefl_kernel_calls"]
+    fixed = kept.pop("max_pool2d_backward")
+    norms = kept.pop("batch_norm"), kept.pop("batch_norm_backward")
+    assert not any(kept.values()) and fixed == (STEPS if ref is CNN else 0), fixed
+    assert norms == (calls["batch_norm"], calls["batch_norm_backward"]) and (norms[0] >= STEPS) == (ref is RESNET)
+    assert norms[0] == norms[1] and norms[0] % STEPS == 0, norms      # each BN once a step, each way
     # every set's graph multiplies matrices (linear layers as bmm/mm) and transposes (autograd's products); the
     # convolutional sets train convolutions (and their backward), the transformer has none
     assert calls["bmm"] + calls["mm"] >= STEPS and calls["permute_copy"] > 0, calls

@@ -25,7 +25,7 @@
 //
 // The kernels themselves: kernels_move.cpp (copies), kernels_reduce.cpp (reductions), kernels_matmul.cpp
 // (products), kernels_conv.cpp (convolutions), kernels_pool.cpp (max pooling), kernels_binary.cpp (add, sub,
-// mul), kernels_select.cpp (where, le);
+// mul), kernels_select.cpp (where, le), kernels_norm.cpp (edgefl::batch_norm and its backward);
 // what they share: kernels_internal.h. This file registers them.
 namespace edgefl {
 namespace kernels {
@@ -91,7 +91,7 @@ std::vector<std::pair<std::string, uint64_t>> fast_kernel_calls() {
   return out;
 }
 
-// the max pool's backward, keyed (grad_output, self, indices, grad_input[, grad_input])
+// the max pool's backward, keyed (grad_output, self, indices, grad_input[, grad_input]), and edgefl's batch norm
 bool register_fixes() {
   static bool done = false;
   if (done) return true;
@@ -103,6 +103,9 @@ bool register_fixes() {
     kernels.emplace_back("aten::max_pool2d_with_indices_backward.grad_input",
                          key(ret ? std::vector<int>{4, 4, -4, 4, 4} : std::vector<int>{4, 4, -4, 4}),
                          max_pool2d_backward_out);
+  // edgefl's own operators (kernels_norm.cpp): no shipped kernel, so any key
+  kernels.emplace_back("edgefl::batch_norm.out", batch_norm_out);
+  kernels.emplace_back("edgefl::batch_norm_backward.out", batch_norm_backward_out);
   done = executorch::runtime::register_kernels({kernels.data(), kernels.size()}) == executorch::runtime::Error::Ok;
   return done;
 }

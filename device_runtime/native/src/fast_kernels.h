@@ -12,8 +12,9 @@ namespace edgefl {
 // missing (then nothing is registered).
 bool register_fast_kernels();
 
-// Registers edgefl's fixes of shipped kernels that compute wrong results: the max pool's backward
-// (kernels_pool.cpp), whatever kernels serve the rest. False where the shipped kernel is missing.
+// Registers what every program needs from edgefl whatever kernels serve the rest: its fix of a shipped kernel
+// that computes wrong results, the max pool's backward (kernels_pool.cpp), and its own operators, batch norm
+// and its backward (kernels_norm.cpp). False where the shipped kernel is missing.
 bool register_fixes();
 
 // How many calls each of those kernels served itself so far (the rest went to the shipped kernel).

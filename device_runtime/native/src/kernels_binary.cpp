@@ -1,7 +1,7 @@
-// Elementwise add, sub and mul of float32 tensors with broadcasting (fast_kernels.cpp registers them): a batch
-// norm written out of means and products (export/et_rewrites.py: StatBatchNorm2d) is a dozen of them per layer
-// and pass, on activations times a per-channel (1, C, 1, 1) operand; the shipped kernels spend a third of a
-// ResNet-20 step there. Here the operands' shapes are collapsed to runs that the innermost loop walks with a
+// Elementwise add, sub and mul of float32 tensors with broadcasting (fast_kernels.cpp registers them): residual
+// additions, a loss's arithmetic, and a batch norm in evaluation mode, written out of products on activations
+// times a per-channel (1, C, 1, 1) operand (in training, before edgefl::batch_norm, a dozen of them per layer
+// and pass: the shipped kernels spent a third of a ResNet-20 step there). Here the operands' shapes are collapsed to runs that the innermost loop walks with a
 // step of 1 (a tensor) or 0 (a broadcast value), a loop the compiler vectorizes.
 //
 // Exact as the shipped kernels: each output is one IEEE operation on its two inputs. Served: float32 inputs and

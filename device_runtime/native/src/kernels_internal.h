@@ -44,10 +44,11 @@ Fallbacks& fallbacks();
 // calls each kernel served itself (not handed to the shipped kernel), for the report: a program whose
 // tensors never match the keys runs on the shipped kernels alone, and shows it
 enum Op { kPermute, kSlice, kScatter, kCat, kSum, kMean, kBmm, kMm, kConv, kConvBackward, kWhere, kLe, kExpand,
-          kMaxPool, kMaxPoolBackward, kAdd, kSub, kMul, kOps };
+          kMaxPool, kMaxPoolBackward, kAdd, kSub, kMul, kBatchNorm, kBatchNormBackward, kOps };
 const char* const kOpNames[kOps] = {"permute_copy", "slice_copy", "slice_scatter", "cat", "sum", "mean", "bmm", "mm",
                                     "convolution", "convolution_backward", "where", "le", "expand_copy",
-                                    "max_pool2d", "max_pool2d_backward", "add", "sub", "mul"};
+                                    "max_pool2d", "max_pool2d_backward", "add", "sub", "mul", "batch_norm",
+                                    "batch_norm_backward"};
 extern uint64_t calls[kOps];
 
 inline bool dense(const Tensor& t, ScalarType type) {
@@ -109,6 +110,8 @@ void add_out(KernelRuntimeContext& context, Span<EValue*> stack);           // k
 void sub_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void mul_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void where_out(KernelRuntimeContext& context, Span<EValue*> stack);         // kernels_select.cpp
+void batch_norm_out(KernelRuntimeContext& context, Span<EValue*> stack);    // kernels_norm.cpp
+void batch_norm_backward_out(KernelRuntimeContext& context, Span<EValue*> stack);
 void le_scalar_out(KernelRuntimeContext& context, Span<EValue*> stack);
 
 }  // namespace edgefl::kernels
