@@ -21,8 +21,8 @@ from edgefl.protocol.tensors import as_array
 
 FLWR = "flwr"       # the module, and the extra that installs it: edgefl[flower]
 # torch intra-op threads a node trains with, the CPUs Flower's simulation reserves for each client (its Ray
-# actors run with OMP_NUM_THREADS set to them): more threads than reserved CPUs oversubscribe the machine, and
-# with 2 actors of 2 threads on 2 cores each round took 3.5x as long (bench/flower_bridge.py). One count for
+# actors run with OMP_NUM_THREADS set to them): more threads than reserved CPUs oversubscribe the machine (2
+# actors of 2 threads on 2 cores: 20 rounds of bench/flower_bridge.py took 364 s, at one thread 132 s). One count for
 # every node: parallel float sums depend on it, so the same run gives the same weights wherever it trains.
 NODE_THREADS = 1
 
