@@ -1,8 +1,9 @@
 // Elementwise add, sub and mul of float32 tensors with broadcasting (fast_kernels.cpp registers them): residual
 // additions, a loss's arithmetic, and a batch norm in evaluation mode, written out of products on activations
 // times a per-channel (1, C, 1, 1) operand (in training, before edgefl::batch_norm, a dozen of them per layer
-// and pass: the shipped kernels spent a third of a ResNet-20 step there). Here the operands' shapes are collapsed to runs that the innermost loop walks with a
-// step of 1 (a tensor) or 0 (a broadcast value), a loop the compiler vectorizes.
+// and pass: the shipped kernels spent a third of a ResNet-20 step there). Here the operands' shapes are
+// collapsed to runs that the innermost loop walks with a step of 1 (a tensor) or 0 (a broadcast value), a loop
+// the compiler vectorizes.
 //
 // Exact as the shipped kernels: each output is one IEEE operation on its two inputs. Served: float32 inputs and
 // output, dense, each input's sizes broadcastable to the output's (right-aligned, a size of 1 or the output's),

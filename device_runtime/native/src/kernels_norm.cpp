@@ -9,7 +9,7 @@
 // `t` (a float scalar, 1 to train, 0 to evaluate through the training program) chooses batch or running
 // statistics as the exporter's written-out form did: t * batch + (1 - t) * running, exact for 0 and 1.
 // Channels are split across the thread pool; each channel's sums run in one thread, in 16 interleaved partial
-// sums combined pairwise (kernels_reduce.cpp's run_sum), so results do not depend on the thread count. Only
+// sums combined pairwise (kernels_internal.h: lane_sum), so results do not depend on the thread count. Only
 // float32 NCHW is exported as these operators; anything else fails the method (there is no shipped kernel).
 // Registered even with --kernels shipped (fast_kernels.h: register_fixes): no other kernel serves them.
 #include <cmath>
@@ -21,23 +21,11 @@ namespace edgefl::kernels {
 
 namespace {
 
-// the sum of f(i) over a channel's planes: n planes of hw values, plane p at base + p * stride
+// the sum of f(i) over a channel's planes: n planes of hw values, plane p at p * stride, each a lane_sum
 template <typename F>
 float channel_sum(int64_t n, int64_t hw, int64_t stride, const F& f) {
-  constexpr int kLanes = 16;
   float total = 0.0f;
-  for (int64_t p = 0; p < n; p++) {
-    const int64_t base = p * stride;
-    float lanes[kLanes] = {};
-    int64_t b = 0;
-    for (; b + kLanes <= hw; b += kLanes)
-      for (int l = 0; l < kLanes; l++) lanes[l] += f(base + b + l);
-    for (int width = kLanes / 2; width > 0; width /= 2)
-      for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
-    float plane = lanes[0];
-    for (; b < hw; b++) plane += f(base + b);
-    total += plane;
-  }
+  for (int64_t p = 0; p < n; p++) total += lane_sum(hw, [&](int64_t i) { return f(p * stride + i); });
   return total;
 }
 

@@ -1,7 +1,7 @@
-// Reductions: sum, mean. A sum over a contiguous run of inputs (a batch norm's mean over each channel's
-// positions, the innermost dimensions) adds them in 16 interleaved partial sums, combined pairwise, then into
-// the output: one float accumulator in input order, as the shipped kernel adds, waits a full addition per value
-// (9% of a ResNet-20 step), and is the less accurate of the two. Other sums add in ascending input index.
+// Reductions: sum, mean. A sum over a contiguous run of inputs (a mean over each channel's positions,
+// the innermost dimensions) adds them in 16 interleaved partial sums, combined pairwise, then into
+// the output (kernels_internal.h: lane_sum), where the shipped kernel adds them in input order. Other sums add
+// in ascending input index.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -10,27 +10,8 @@
 
 namespace edgefl::kernels {
 
-namespace {
-
-// row[0] + ... + row[n - 1]: lane l sums the values at l, l + 16, ...; the lanes are added pairwise, then the
-// last n % 16 values in order. A fixed order: the same sum on every run and thread count.
-float run_sum(const float* __restrict row, int64_t n) {
-  constexpr int kLanes = 16;
-  float lanes[kLanes] = {};
-  int64_t b = 0;
-  for (; b + kLanes <= n; b += kLanes)
-    for (int l = 0; l < kLanes; l++) lanes[l] += row[b + l];
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
-  float total = lanes[0];
-  for (; b < n; b++) total += row[b];
-  return total;
-}
-
-}  // namespace
-
 // Sums over the reduced dimensions: merged into alternating kept/reduced groups; an output over a reduced
-// innermost group adds each run's sum (run_sum), else its inputs in ascending input index.
+// innermost group adds each run's lane_sum (kernels_internal.h), else its inputs in ascending input index.
 void reduce_sum(const float* in, float* out, const Dims& size, const std::vector<bool>& reduced) {
   Dims s;
   std::vector<bool> r;
@@ -63,7 +44,7 @@ void reduce_sum(const float* in, float* out, const Dims& size, const std::vector
     for (size_t j = 0; j + 1 < k; j++) ob += index[j] * ostride[j];
     const float* row = in + in_offset;
     if (r[k - 1]) {
-      out[ob] += run_sum(row, last);
+      out[ob] += lane_sum(last, [row](int64_t i) { return row[i]; });
     } else {
       float* o = out + ob;
       for (int64_t b = 0; b < last; b++) o[b] += row[b];
