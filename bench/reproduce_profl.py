@@ -36,24 +36,39 @@ GROUPS = 10
 RESNET_SHARE, VGG_SHARE = 0.08, 0.24
 
 
-def budgets(ref, runtime: str, full_share: float) -> list[int]:
+def ref_layers(ref, runtime: str) -> int:
     from edgefl.planning.strategies import PlanContext
-    layers = PlanContext(group_fleet("probe", [("p", 1, 2**40)], runtime), ref).num_layers
-    low = peak_bytes(ref, runtime, frozen_prefix=layers - 1)
+    return PlanContext(group_fleet("probe", [("p", 1, 2**40)], runtime), ref).num_layers
+
+
+def budgets(ref, runtime: str, full_share: float) -> list[int]:
+    low = peak_bytes(ref, runtime, frozen_prefix=ref_layers(ref, runtime) - 1)
     full = peak_bytes(ref, runtime)
     high = low + (full - low) / (1 - full_share)          # P(budget >= full) = full_share under U[low, high]
     return [int(low + (high - low) * (i + 0.5) / GROUPS) for i in range(GROUPS)]
 
 
-def runs_with(profl_options: dict, full_share: float):
-    """A column's runs: its budgets put `full_share` of the devices above the whole model's peak."""
+def runs_with(profl_options: dict, full_share: float, evidence: bool = False):
+    """A column's runs: its budgets put `full_share` of the devices above the whole model's peak. With
+    `evidence`, two runs that test why DepthFL leads ProFL here (not ordered with the paper's methods):
+    DepthFL with the lower half of the fleet below its smallest model (50% participation, the paper's
+    ResNet18 setting has 47%), and ProFL with each step given its even share of the rounds instead of ending
+    when its block's movement flattens."""
     def runs(args, ref) -> list[Run]:
-        fleet = group_fleet("profl", [(f"b{i}", 100 // GROUPS, b)
-                                      for i, b in enumerate(budgets(ref, args.runtime, full_share))], args.runtime)
+        levels = budgets(ref, args.runtime, full_share)
+        fleet = group_fleet("profl", [(f"b{i}", 100 // GROUPS, b) for i, b in enumerate(levels)], args.runtime)
         ceiling = group_fleet("profl-ceiling", [("all", 100, peak_bytes(ref, args.runtime))], args.runtime)
-        return [Run("profl", "profl", fleet, options=profl_options),
-                *[Run(m, m, fleet) for m in ("depthfl", "exclusive", "heterofl", "small")],
-                Run("fedavg", "fedavg", ceiling, ceiling=True)]
+        paper_runs = [Run("profl", "profl", fleet, options=profl_options),
+                 *[Run(m, m, fleet) for m in ("depthfl", "exclusive", "heterofl", "small")],
+                 Run("fedavg", "fedavg", ceiling, ceiling=True)]
+        if not evidence:
+            return paper_runs
+        # the lower half at the range's floor, ProFL's output layer alone: below DepthFL's first block + exit
+        floor = peak_bytes(ref, args.runtime, frozen_prefix=ref_layers(ref, args.runtime) - 1)
+        half = group_fleet("profl-half", [(f"b{i}", 100 // GROUPS, floor if i < GROUPS // 2 else b)
+                                          for i, b in enumerate(levels)], args.runtime)
+        return [*paper_runs, Run("depthfl-half", "depthfl", half, evidence=True),
+                Run("profl-even-steps", "profl", fleet, evidence=True, options={**profl_options, "switch": "schedule"})]
     return runs
 
 
@@ -80,7 +95,7 @@ STUDY = Study(
                       "learning rate not stated"},
     settings={**SETTINGS, "rounds": 300, "full_model_share": RESNET_SHARE, "blocks": 3},
     paper_order=["profl", "small", "heterofl", "depthfl", "exclusive"],
-    runs=runs_with({}, RESNET_SHARE), clients_per_round=20, score_last=10, columns={"vgg11bn": VGG11}, column="resnet")
+    runs=runs_with({}, RESNET_SHARE, evidence=True), clients_per_round=20, score_last=10, columns={"vgg11bn": VGG11}, column="resnet")
 
 if __name__ == "__main__":
     main(STUDY, __doc__.splitlines()[0])

@@ -134,6 +134,7 @@ class Run:
     emulate: dict = field(default_factory=dict)      # e.g. {"toa": 0.75}
     ceiling: bool = False            # the unconstrained reference, not ordered with the others
     options: dict = field(default_factory=dict)      # the method's own, e.g. ProFL's {"blocks": 2}
+    evidence: bool = False           # a run that tests an explanation of the order, not one of the paper's rows
 
     def strategy(self):
         from edgefl.planning.strategies import STRATEGIES
@@ -233,7 +234,8 @@ def padded(data, shape: tuple):
     return replace(data, x=x)
 
 
-KEPT = ("final_last10", "best", "final", "converged", "ceiling", "excluded", "wall_s", "seconds_per_round")
+KEPT = ("final_last10", "best", "final", "converged", "ceiling", "evidence", "excluded", "wall_s",
+        "seconds_per_round")
 
 
 def combine(paths: list[Path], default_column: str) -> dict:
@@ -308,7 +310,7 @@ def main(study: Study, description: str, argv=None) -> None:
         row = run_method(run.strategy(), run.fleet, ref, train, test, shares, loop, BATCH, args.device, **run.emulate,
                          **run_state(args.state, run.label, {**settings, "options": repr(run.emulate),
                                                              **({"method_options": run.options} if run.options else {})}))
-        row.update(method=run.method, ceiling=run.ceiling, options=run.emulate, **last_rounds(
+        row.update(method=run.method, ceiling=run.ceiling, evidence=run.evidence, options=run.emulate, **last_rounds(
             row["curve"], args.rounds, study.score_last))
         if run.options:
             row["method_options"] = run.options

@@ -148,3 +148,18 @@ def test_the_map_distils_a_block_into_the_next_output_module_which_carries_the_r
     state, done = compose(state, RESNET, OutputModuleChange(13, L, None), x, seed=0)
     assert done == {"composed_from": 13, "composed_to": 20, "linear_carried": True}
     assert torch.equal(state["layers.19.fc.weight"], state["aux.13.conv.1.fc.weight"])
+
+
+def test_the_schedule_switch_ends_each_step_with_its_share_of_the_rounds_and_movement_does_not():
+    fleet = parse_fleet(FLEET)
+    ctx = PlanContext(fleet, ModelRef.of("cnn"), rounds=50, batch_size=32)
+    scheduled, moving = ProFL(switch="schedule"), ProFL()
+    for strategy in (scheduled, moving):
+        strategy.plan_ = strategy.plan(ctx)
+    ends = [last for _, last in scheduled.order(scheduled.plan_)]
+    assert ends == [10, 20, 30, 40, 50]
+    flat = [np.zeros(3, np.float32)] * 12            # no movement at all: the paper's rule freezes at once
+    assert [scheduled.step_ends(flat, r) for r in (9, 10)] == [False, True]
+    assert moving.step_ends(flat, 1) and not moving.step_ends(flat[:11], 10)
+    with pytest.raises(ValueError, match="switch 'epochs'"):
+        ProFL(switch="epochs")

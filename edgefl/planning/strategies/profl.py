@@ -44,6 +44,9 @@ Departures, and why:
   (an upper bound of its memory); the ORT and ExecuTorch trainers train the whole module (their training
   graphs are per config), the torch trainer only its linear.
 - Mid-schedule the model is judged as the current step trains it (`evaluated_config`).
+- `switch="schedule"` is not the paper's: each step ends with the plan's even split of the rounds, not when
+  its block's movement flattens. It exists to measure what the freezing rule costs (bench/reproduce_profl.py,
+  the ResNet column's evidence runs), not as a method.
 `record.decisions` shows the step, EM, slope, switches and each composed output module.
 """
 from __future__ import annotations
@@ -84,6 +87,7 @@ def block_ends(ctx: PlanContext, blocks: Optional[int]) -> list[int]:
 
 
 OUTPUT_LAYER = "output layer only"
+SWITCHES = ("movement", "schedule")      # when a step ends: its block's movement is flat (sec. 3.3), or its rounds
 
 
 @dataclass(frozen=True)
@@ -97,9 +101,13 @@ class OutputModuleChange:
 
 class ProFL(Strategy):
     name = "profl"
+    switch = "movement"          # what a checkpoint written before the option resumes with
 
-    def __init__(self, blocks: Optional[int] = None, H: int = 5, W: int = 3, phi: float = 0.01, window: int = 5):
-        self.blocks, self.H, self.W, self.phi, self.window = blocks, H, W, phi, window
+    def __init__(self, blocks: Optional[int] = None, H: int = 5, W: int = 3, phi: float = 0.01, window: int = 5,
+                 switch: str = "movement"):
+        if switch not in SWITCHES:
+            raise ValueError(f"ProFL switch {switch!r}: one of {SWITCHES}")
+        self.blocks, self.H, self.W, self.phi, self.window, self.switch = blocks, H, W, phi, window, switch
         self.current = 0                       # index into the plan's step order
         self.last_trained: Optional[int] = None   # the step the last round trained (evaluation judges it)
         self.plan_: Optional[Plan] = None
@@ -187,8 +195,7 @@ class ProFL(Strategy):
             d["effective_movement"] = movement_series(history[-(self.H + 1):], self.H)[-1]
         if len(history) >= self.H + self.window:
             d["slope"] = slopes(history, self.H, self.window)[-1]
-        if self.current < len(self.order(self.plan_)) - 1 and should_freeze(history, self.H, self.W, self.phi,
-                                                                             self.window):
+        if self.current < len(self.order(self.plan_)) - 1 and self.step_ends(history, round):
             change = self.output_change(self.current)
             self.current += 1
             d["switched_to"] = self.current
@@ -197,6 +204,13 @@ class ProFL(Strategy):
             self.keys = ()
             self.observe(state)   # a fresh history: the next block as it stands before its first round
         record.decisions.update(d)
+
+    def step_ends(self, history: list, round: int) -> bool:
+        """Whether the current step ends after `round`: its block's movement flat (sec. 3.3), or under
+        switch="schedule" its share of the rounds done."""
+        if self.switch == "schedule":
+            return round >= self.order(self.plan_)[self.current][1]
+        return should_freeze(history, self.H, self.W, self.phi, self.window)
 
     def pool(self, plan: Plan, round: int) -> Optional[set[str]]:
         """The groups a round's devices are drawn from: those with a step in the current one, i.e. that can
