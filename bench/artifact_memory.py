@@ -241,7 +241,21 @@ def fit_families(rows: list[dict], store: ProfileStore, baseline: int, runtime: 
         peaks[name] = (row_terms(mine, store, runtime, step_of), [r["peak_rss_bytes"] for r in mine])
     return upper_bound.fit_families(peaks, replace(DEFAULTS[runtime], baseline_bytes=baseline),
                                     factors=grid(MAX_FACTOR[runtime], 0.01), trained_copies=TRAINED_COPIES,
-                                    frozen_copies=FROZEN_COPIES, learn_hidden=True, joint=JOINT_GENERIC[runtime])
+                                    frozen_copies=FROZEN_COPIES, learn_hidden=True, joint=JOINT_GENERIC[runtime],
+                                    factor_floors=arena_floors(rows, store, runtime, exclude))
+
+
+def arena_floors(rows: list[dict], store: ProfileStore, runtime: str, exclude: str | None = None) -> dict[str, float]:
+    """Per family the least planned arena over step peak of its programs, rounded down to the factor grid:
+    ExecuTorch allocates a program's whole memory plan at load, and the plan grows with the activations, so a
+    family's workspace factor is no smaller (ResNet-20's rows would otherwise fit a factor of 0 and hidden-layer
+    bytes, a prediction that does not grow with the batch). Runtimes without a memory plan: none."""
+    planned = [r for r in rows if r.get("planned_arena_bytes") and family(r["model"]) != exclude]
+    floors: dict[str, float] = {}
+    for r, t in zip(planned, row_terms(planned, store, runtime)):
+        ratio = int(100 * r["planned_arena_bytes"] / t.step_peak_bytes) / 100
+        floors[family(r["model"])] = min(ratio, floors.get(family(r["model"]), ratio))
+    return floors
 
 
 def predict_rows(rows: list[dict], store: ProfileStore, runtime: str, k: RuntimeConstants, step_of=None) -> list[int]:

@@ -21,7 +21,7 @@ numpy only: the planner and `edgefl calibrate` run it without torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -124,7 +124,8 @@ GENERIC_MARGINS = grid(0.15, 0.01)[2:]
 
 
 def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants, *,
-                 source: str = "", learn_hidden: bool = False, joint: bool = False, **grids) -> RuntimeConstants:
+                 source: str = "", learn_hidden: bool = False, joint: bool = False,
+                 factor_floors: Mapping[str, float] | None = None, **grids) -> RuntimeConstants:
     """`base` with each family's own upper bound (`peaks`: family -> its terms and measured peaks;
     RuntimeConstants.families) and the terms a model of any other family gets: with `joint`, `joint_generic`'s
     where it has them; else term by term the largest any family needed (the fixed and device bytes as one: the
@@ -134,10 +135,15 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
     agree), not one whose families each need their own (ExecuTorch's memory planner). `grids` as for
     `fit_upper_bound`. With `learn_hidden` a family's own terms include hidden_bytes; the generic terms come
     from fits without it: a family's hidden-layer bytes trade against its factor, and the largest of each,
-    taken from different families, does not bound a family none of them is."""
+    taken from different families, does not bound a family none of them is. `factor_floors`: family -> the
+    least workspace factor its own fit may take (ExecuTorch: the least of its programs' planned arena over step
+    peak), so that its workspace grows with its activations where its few samples would let a constant stand in."""
+    floors = factor_floors or {}
+
     def own(hidden: bool) -> dict[str, RuntimeConstants]:
         return {name: fit_upper_bound(terms, measured, replace(base, families=()), learn_hidden=hidden,
-                                      **grids).constants for name, (terms, measured) in sorted(peaks.items())}
+                                      **floored(grids, floors.get(name, 0.0))).constants
+                for name, (terms, measured) in sorted(peaks.items())}
 
     per = own(learn_hidden)
     n = sum(len(m) for _, m in peaks.values())
@@ -162,6 +168,15 @@ def fit_families(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], ba
     for name, k in per.items():
         constants = constants.with_family(name, **{f: getattr(k, f) for f in FITTED})
     return constants
+
+
+def floored(grids: dict, floor: float) -> dict:
+    """`grids` with the workspace factors below `floor` left out (the largest kept where none reaches it)."""
+    factors = grids.get("factors")
+    if not floor or factors is None:
+        return grids
+    kept = [c for c in factors if c >= floor - 1e-9]
+    return {**grids, "factors": kept or [max(factors)]}
 
 
 def joint_generic(peaks: dict[str, tuple[Sequence[PeakTerms], Sequence[int]]], base: RuntimeConstants,
