@@ -162,3 +162,18 @@ def test_families_too_different_for_one_fit_fall_back_to_the_largest_terms():
     assert "each term the largest" in k.source
     assert k.workspace_factor >= 2.5 and k.workspace_fixed_bytes >= 40 * MiB
     assert joint_generic({"cnn": peaks["cnn"]}, BASE, factors=FACTORS) is None     # one family: nothing to leave out
+
+
+def test_a_family_factor_floor_keeps_its_workspace_growing_with_the_step_where_its_samples_would_not():
+    # samples whose peaks do not grow with the step: alone they fit a factor near 0, blind to a larger batch
+    peaks = {"resnet": _shaped_family(30, 0.0), "cnn": _shaped_family(10, 1.0)}
+    free = fit_families(peaks, BASE, factors=FACTORS).for_model("resnet")
+    floored = fit_families(peaks, BASE, factors=FACTORS, factor_floors={"resnet": 0.95}).for_model("resnet")
+    assert free.workspace_factor < 0.05 and floored.workspace_factor >= 0.95
+    terms, measured = peaks["resnet"]
+    assert all(m <= t.peak(floored) for t, m in zip(terms, measured))      # still a bound on every sample
+    larger = replace(terms[-1], floor=320 * MiB, step_peak_bytes=320 * MiB)
+    assert larger.peak(floored) - larger.peak(free) > 0.9 * 240 * MiB      # it grows with the step, free does not
+    # a floor no factor of the grid reaches keeps the grid's largest
+    assert fit_families(peaks, BASE, factors=(0.0, 0.5), factor_floors={"resnet": 0.95}).for_model(
+        "resnet").workspace_factor == 0.5
