@@ -5,7 +5,8 @@ against torch's autograd, each on one training program that covers what the kern
 Batch norm (edgefl::batch_norm, kernels_norm.cpp): with batch statistics (the running ones updated) and with
 running statistics. Convolutions: padding, stride 2 without a bias, a 1x1 (its input is its own patch matrix), dilation 2, a
 rectangular kernel with uneven stride and padding, and a first convolution whose input gradient the program does
-not want (an output the kernel must leave alone). Max pools: 2x2, 3x3 with stride 2 and padding, dilation 2, ceil
+not want (an output the kernel must leave alone). The stride-1 ones run as shifted-row products (gemm_rows.cpp),
+their input gradients as convolutions; the 16-channel one's weight gradient too (whole vectors of channels). Max pools: 2x2, 3x3 with stride 2 and padding, dilation 2, ceil
 mode, on an input with many ties (rounded values after a ReLU: whole windows of zeros), where torch routes the
 gradient to the first maximum in scan order. A program runs in ExecuTorch's Python bindings with
 libedgefl_et_kernels.so registered (as the Python ExecuTorch trainer runs it) at 1 and 2 threads, the convolutions
@@ -34,7 +35,8 @@ class Convs(nn.Module):
         self.convs = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
                                    nn.Conv2d(4, 6, 3, stride=2, padding=1, bias=False), nn.ReLU(),
                                    nn.Conv2d(6, 6, 1), nn.ReLU(),
-                                   nn.Conv2d(6, 5, 3, padding=2, dilation=2), nn.ReLU(),
+                                   nn.Conv2d(6, 16, 3, padding=1), nn.ReLU(),
+                                   nn.Conv2d(16, 5, 3, padding=2, dilation=2), nn.ReLU(),
                                    nn.Conv2d(5, 4, (3, 2), stride=(2, 1), padding=(0, 1)))
         self.fc = nn.Linear(4 * 2 * 6, 10)
 
@@ -92,9 +94,9 @@ def test_convolution_kernels_match_torch(native_trainer, tmp_path):
     torch.manual_seed(0)
     x, y = torch.randn(5, 3, 9, 9), torch.randint(0, 10, (5,))
     served = run_program(Convs(), x, y, tmp_path, (("edgefl", 1), ("edgefl", 2), ("shipped", 1)))
-    # five convolutions; the first one's backward computes no input gradient
+    # six convolutions; the first one's backward computes no input gradient
     for (kernels, _), calls in served.items():
-        assert calls == ({"convolution": 5, "convolution_backward": 5, "max_pool2d": 0, "max_pool2d_backward": 0,
+        assert calls == ({"convolution": 6, "convolution_backward": 6, "max_pool2d": 0, "max_pool2d_backward": 0,
                           "batch_norm": 0, "batch_norm_backward": 0}
                          if kernels == "edgefl" else dict.fromkeys(calls, 0)), (kernels, calls)
 

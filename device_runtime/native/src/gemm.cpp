@@ -4,10 +4,16 @@ namespace edgefl {
 
 namespace gemm_build {
 void gemm(const Operand& a, const Operand& b, float* c, bool accumulate);
+void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c);
+void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+                    bool accumulate);
 }
 #ifdef EDGEFL_GEMM_AVX512_VARIANT
 namespace gemm_avx512 {
 void gemm(const Operand& a, const Operand& b, float* c, bool accumulate);
+void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c);
+void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+                    bool accumulate);
 }
 #endif
 
@@ -33,6 +39,27 @@ void gemm(const Operand& a, const Operand& b, float* c, bool accumulate) {
 #endif
   } else {
     gemm_build::gemm(a, b, c, accumulate);
+  }
+}
+
+void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c) {
+  if (wide()) {
+#ifdef EDGEFL_GEMM_AVX512_VARIANT
+    gemm_avx512::gemm_rows(m, n, k, a, b, offsets, c);
+#endif
+  } else {
+    gemm_build::gemm_rows(m, n, k, a, b, offsets, c);
+  }
+}
+
+void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+                    bool accumulate) {
+  if (wide()) {
+#ifdef EDGEFL_GEMM_AVX512_VARIANT
+    gemm_avx512::gemm_rows_left(m, n, k, a, offsets, b, c, accumulate);
+#endif
+  } else {
+    gemm_build::gemm_rows_left(m, n, k, a, offsets, b, c, accumulate);
   }
 }
 

@@ -25,6 +25,20 @@ inline void gemm(int64_t m, int64_t n, int64_t k, const float* a, const float* b
   gemm(Operand{a, m, k}, Operand{b, k, n}, c);
 }
 
+// gemm_rows' column count must be a multiple of this (whole vectors of every instruction set it is built for).
+constexpr int64_t kRowsMultiple = 16;
+
+// c (m x n, row-major, dense) = a (m x k, row-major) . B (k x n), where row r of B is the n floats from
+// b + offsets[r]: rows of one buffer read where they lie (a stride-1 convolution's shifted input rows,
+// gemm_rows.cpp). n a multiple of kRowsMultiple.
+void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c);
+
+// c (m x n, row-major, dense) = A (m x k) . b (k x n, row-major), or += with `accumulate`, where row r of A is the
+// k floats from a + offsets[r] (a stride-1 convolution's weight gradient, transposed: the shifted input rows
+// against the output's gradient laid out position by channel). n a multiple of kRowsMultiple.
+void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+                    bool accumulate);
+
 // The instruction set gemm runs on this CPU ("x86-64-v4", "x86-64-v3", "armv8-a", ...), for the trainer's report.
 const char* gemm_cpu_level();
 
