@@ -240,7 +240,8 @@ KEPT = ("final_last10", "best", "final", "converged", "ceiling", "evidence", "ex
 
 def combine(paths: list[Path], default_column: str) -> dict:
     """One file of a study's result files, by column and seed: each seed's rows (KEPT), order and verdict, and
-    per column the order of the methods' means over the seeds that ran them all, under the same tie rule."""
+    per column the order of the methods' means over the seeds that ran them all, under the same tie rule.
+    Files of one column and seed (a study split across processes, its evidence runs) are one seed's rows."""
     columns: dict = {}
     for path in paths:
         part = json.loads(Path(path).read_text())
@@ -251,9 +252,14 @@ def combine(paths: list[Path], default_column: str) -> dict:
         if column["settings"] != settings:
             raise SystemExit(f"--combine: {path} has other settings than the column's first file")
         rows = {m: {k: r[k] for k in KEPT if k in r} for m, r in part["methods"].items()}
+        seed = column["seeds"].get(str(part["settings"]["seed"]))
+        if seed is not None and seed["budgets_bytes"] != part["budgets_bytes"]:
+            raise SystemExit(f"--combine: {path} has other budgets than {seed['files'][0]} of the same seed")
+        if seed is not None:
+            rows = {**seed["methods"], **rows}
         column["seeds"][str(part["settings"]["seed"])] = {
-            "file": Path(path).name, "budgets_bytes": part["budgets_bytes"], "methods": rows,
-            **compare(rows, part["paper_order"])}
+            "files": [*(seed["files"] if seed else []), Path(path).name], "budgets_bytes": part["budgets_bytes"],
+            "methods": rows, **compare(rows, part["paper_order"])}
     for column in columns.values():
         runs = list(column["seeds"].values())
         done = set.intersection(*(set(m for m, r in run["methods"].items() if r.get("final") is not None)

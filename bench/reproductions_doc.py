@@ -20,7 +20,7 @@ RESULTS = ROOT / "bench" / "results"
 BLOCK = re.compile(r"(<!-- results:(\w+) -->\n).*?(<!-- /results -->)", re.S)
 
 sys.path.insert(0, str(ROOT / "bench"))
-from reproduction import compare  # noqa: E402  (the studies' order and tie rule, for the means over seeds)
+from reproduction import CONVERGED_SPAN, compare  # noqa: E402  (the studies' order and tie rule, convergence)
 
 
 def pct(x, digits: int = 1) -> str:
@@ -273,6 +273,58 @@ def render_study_seeds(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paper_cell(paper: dict, method: str, leader: str) -> str:
+    """The paper's number for `method`: its accuracy, or where a column survives only as the leader's margins
+    (ProFL's ResNet18 text), the leader's lead over it."""
+    if method in paper.get("accuracy", {}):
+        return str(paper["accuracy"][method])
+    ahead = paper.get("ahead_by_points", {})
+    if method in ahead:
+        return f"{leader} -{ahead[method]}"
+    return "first" if ahead and method == leader else ""
+
+
+def render_combined(name: str) -> str:
+    """A study to convergence (`reproduce_<name>.json`, written by `--combine`): per column each method's last-10
+    mean (best) at every seed, their mean, whether each converged, each seed's order and the order of the means;
+    evidence runs (not the paper's methods) below the ceiling."""
+    path = RESULTS / f"reproduce_{name}.json"
+    if not path.exists():
+        return f"No result yet: run `python bench/reproduce_{name}.py ... --combine`.\n"
+    out = []
+    for column, c in json.loads(path.read_text())["columns"].items():
+        s, seeds, order = c["settings"], sorted(c["seeds"], key=int), c["paper_order"]
+        budgets = [b for seed in c["seeds"].values() for b in seed["budgets_bytes"].values()]
+        out += [f"**{column}** ({s['model']}, {s['data']}, {s['train_examples']} training / {s['test_examples']} test "
+                f"examples, {s['partition']}, {s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} "
+                f"rounds, {s['full_model_share']:.0%} of the devices fitting the whole model, {s['runtime']} budgets "
+                f"{mib(min(budgets))} to {mib(max(budgets))}). Last-10 mean accuracy (best evaluation) in %; "
+                f"converged: the last-10 mean less than a point above the best evaluation {CONVERGED_SPAN} or more rounds before "
+                f"the end (its gain in points).", ""]
+        out += ["| method | paper | " + " | ".join(f"seed {k}" for k in seeds) + " | mean | converged |",
+                "|---|---|" + "---|" * (len(seeds) + 2)]
+        names = {m for k in seeds for m in c["seeds"][k]["methods"]}
+        rows = {m: [c["seeds"][k]["methods"].get(m) for k in seeds] for m in names}
+        evidence = {m for m in names if any(r and r.get("evidence") for r in rows[m])}
+        for m in order + sorted(names - set(order), key=lambda m: (m in evidence, m)):
+            got = rows.get(m, [None] * len(seeds))
+            first = next((r for r in got if r), {})
+            label = m + (" (ceiling)" if first.get("ceiling") else " (evidence)" if first.get("evidence") else "")
+            mean = c["mean"]["methods"].get(m, {}).get("final_last10")
+            conv = ", ".join("n/a" if not r or not r.get("converged") else
+                             f"{'yes' if r['converged']['converged'] else '**no**'} "
+                             f"({100 * r['converged']['gain_over_last_rounds']:+.1f})" for r in got)
+            out.append(f"| {label} | {paper_cell(c['paper'], m, order[0])} | "
+                       + " | ".join("not run yet" if not r else f"{pct(r.get('final_last10'))} ({pct(r['best'])})"
+                                    for r in got) + f" | {pct(mean)} | {conv} |")
+        out += [""] + [f"Seed {k}: {' > '.join(c['seeds'][k]['our_order']) or 'none yet'}. Matches the paper's "
+                       f"{' > '.join(order)}: {verdict(c['seeds'][k]['matches_paper_order'])}." for k in seeds]
+        out += ["", f"Mean over seeds {', '.join(c['mean']['seeds'])}: {' > '.join(c['mean']['our_order']) or 'none yet'}"
+                + (f" (ties within a point: {', '.join('~'.join(t) for t in c['mean']['ties'])})"
+                   if c["mean"]["ties"] else "") + f". Matches: {verdict(c['mean']['matches_paper_order'])}.", ""]
+    return "\n".join(out)
+
+
 def paper_column(accuracy: dict, i: int) -> dict:
     """The paper's i-th memory column (tightest first), set beside ours of the same rank (CAFF's Table 1 has
     500 / 700 / 900 MB; ours are the last 1 / 2 / 4 blocks)."""
@@ -300,7 +352,9 @@ RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seed
           "caff_first_set_seeds": lambda: render_caff_seeds(("caff_first_set", "caff_first_set_seed1")),
           "caff_sets": lambda: render_caff_sets((("caff_continued", "continued set"), ("caff", "15,000-step set"))),
           "caff_continued_seeds": lambda: render_caff_seeds(("caff_continued", "caff_continued_seed1")),
-          **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth", "profl")},
+          **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth",
+                                                        "profl_25rounds")},
+          "profl": lambda: render_combined("profl"),
           **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
 
 

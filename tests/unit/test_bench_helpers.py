@@ -218,3 +218,36 @@ def test_runs_on_other_pretrained_sets_show_start_and_final_and_what_was_not_run
     assert "| 100.0 MiB | caff | 50.00 -> 52.00 | 60.00 -> 61.00 |" in lines
     assert "| 200.0 MiB | lora | 45.00 -> 46.00 | not run |" in lines
     assert "| 200.0 MiB | caff > lora (yes) | not run |" in lines
+
+
+def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evidence(tmp_path, monkeypatch):
+    import json
+
+    import reproductions_doc
+    from reproduction import combine
+
+    def row(score, gain, **flags):
+        return {"final": score, "final_last10": score, "best": score + 0.003,
+                "converged": {"converged": gain < 0.01, "gain_over_last_rounds": gain}, **flags}
+
+    def seed(k, methods):
+        return {"settings": {"seed": k, "column": "resnet", "model": "m", "data": "d", "train_examples": 10,
+                             "test_examples": 5, "partition": "iid", "devices": 4, "clients_per_round": 2,
+                             "rounds": 9, "full_model_share": 0.08, "runtime": "ort"},
+                "paper": {"ahead_by_points": {"depthfl": 13.7}}, "paper_order": ["profl", "depthfl"],
+                "budgets_bytes": {"b0": 2**20, "b1": 3 * 2**20}, "methods": methods}
+    parts = {"s0": seed(0, {"profl": row(0.85, 0.003), "depthfl": row(0.88, 0.004)}),
+             "e0": seed(0, {"depthfl-half": row(0.86, 0.02, evidence=True)}),
+             "s1": seed(1, {"profl": row(0.84, 0.002)})}
+    for name, part in parts.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(part))
+    combined = combine([tmp_path / f"{n}.json" for n in parts], "resnet")
+    (tmp_path / "reproduce_study.json").write_text(json.dumps(combined))
+    monkeypatch.setattr(reproductions_doc, "RESULTS", tmp_path)
+
+    lines = reproductions_doc.render_combined("study").splitlines()
+    assert "| profl | first | 85.0 (85.3) | 84.0 (84.3) | 84.5 | yes (+0.3), yes (+0.2) |" in lines
+    assert "| depthfl | profl -13.7 | 88.0 (88.3) | not run yet | n/a | yes (+0.4), n/a |" in lines
+    assert "| depthfl-half (evidence) |  | 86.0 (86.3) | not run yet | n/a | **no** (+2.0), n/a |" in lines
+    assert "Seed 0: depthfl > profl. Matches the paper's profl > depthfl: **no**." in lines
+    assert "1.0 MiB to 3.0 MiB" in lines[0]

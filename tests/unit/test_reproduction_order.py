@@ -127,6 +127,14 @@ def test_combine_orders_each_column_by_its_seeds_means(tmp_path):
     assert resnet["mean"]["methods"]["b"]["final_last10"] == pytest.approx(0.72)
     assert resnet["mean"]["our_order"] == ["b", "a", "c"] and resnet["mean"]["matches_paper_order"] is False
     assert result["columns"]["vgg"]["mean"]["matches_paper_order"] is True
+    # a second file of one seed (its evidence runs) adds its rows to that seed's
+    (tmp_path / "e1.json").write_text(json.dumps(part(1, "resnet", {"a-ablated": 0.9})))
+    both = combine(files + [tmp_path / "e1.json"], "resnet")["columns"]["resnet"]["seeds"]["1"]
+    assert sorted(both["methods"]) == ["a", "a-ablated", "b", "c"] and both["files"] == ["r1.json", "e1.json"]
+    assert both["our_order"] == ["b", "c", "a"]                  # evidence rows are not the paper's methods
+    (tmp_path / "e2.json").write_text(json.dumps({**part(1, "resnet", {"a": 0.5}), "budgets_bytes": {"b0": 2}}))
+    with pytest.raises(SystemExit, match="other budgets"):
+        combine(files + [tmp_path / "e2.json"], "resnet")
     (tmp_path / "bad.json").write_text(json.dumps({**part(2, None, {"a": 0.5}), "settings": {"seed": 2, "rounds": 8}}))
     with pytest.raises(SystemExit, match="other settings"):
         combine(files + [tmp_path / "bad.json"], "resnet")
