@@ -1,11 +1,13 @@
-// 2-D convolution and its backward (fast_kernels.cpp registers them): one sample at a time, im2col into a
-// per-thread scratch matrix and a GEMM (gemm.h) straight into the NCHW output; the input's gradient likewise as a
-// convolution of the output's gradient at stride 1, else a GEMM into a patch matrix and col2im.
+// 2-D convolution and its backward (fast_kernels.cpp registers them), one sample at a time. At stride 1 the
+// convolution, its input's gradient (itself a convolution of the output's gradient) and its weight's gradient are
+// products over the zero-padded sample's shifted rows (gemm.h: gemm_rows, gemm_rows_left), no patch matrix;
+// otherwise im2col into a per-thread scratch matrix and Eigen's GEMM straight into the NCHW output, col2im back.
 // The shipped kernels for these two operators are direct loops (seconds per ResNet step), which is why the
 // exporter used to write convolutions as slices, concatenations and batched products (export/et_rewrites.py):
 // a patch matrix k*k times the input in the program's memory plan, and a backward of k*k slice scatters and
-// additions of input-sized tensors. Here a patch matrix is one sample's, outside the plan: the largest
-// convolution's, per thread, kept for the next step (edgefl.cost: the executorch family terms hold it).
+// additions of input-sized tensors. Here a patch matrix is one sample's, outside the plan (at stride 1 a padded
+// sample and an output-sized buffer instead): the largest convolution's, per thread, kept for the next step
+// (edgefl.cost: the executorch family terms hold it).
 //
 // Served: float32 NCHW, groups 1, not transposed, any stride, padding and dilation; anything else goes to the
 // shipped kernel. With --threads above 1 samples are split across the thread pool; the weight and bias
@@ -238,7 +240,6 @@ void flip(const Geometry& g, const float* w, float* flipped) {
           flipped[((c * g.o + o) * g.kh + (g.kh - 1 - i)) * g.kw + (g.kw - 1 - j)] =
               w[((o * g.c + c) * g.kh + i) * g.kw + j];
 }
-
 
 // how many runs of samples over_samples makes: one per thread, at most one per sample
 int64_t sample_runs(int64_t n) {
