@@ -15,7 +15,8 @@ the last 10 rounds after convergence" (Table 1), ProFL allowed up to T times the
 Budgets: ten groups of ten devices at the deciles of a uniform draw between ProFL's smallest step (the output
 layer alone) and the point where the column's share fits the whole model. Methods: ProFL, ExclusiveFL,
 AllSmall (edgefl's small model), HeteroFL, DepthFL; unconstrained FedAvg is the ceiling (the paper reports
-none). Rounds, epochs, batch and learning rate are not in the paper: ours are SLT's bench settings. Every
+none). The ResNet column adds two evidence runs, not ordered with those: DepthFL with half the fleet below its
+smallest model (`depthfl-half`) and ProFL with even steps (`profl-even-steps`, `ProFL(switch="schedule")`). Rounds, epochs, batch and learning rate are not in the paper: ours are SLT's bench settings. Every
 round of the last 10 is evaluated; `converged` is judged by bench/reproduction.last_rounds, fixed before any
 run. Settings are fixed here, before any run.
 

@@ -313,7 +313,7 @@ def render_combined(name: str) -> str:
             mean = c["mean"]["methods"].get(m, {}).get("final_last10")
             conv = ", ".join("n/a" if not r or not r.get("converged") else
                              f"{'yes' if r['converged']['converged'] else '**no**'} "
-                             f"({100 * r['converged']['gain_over_last_rounds']:+.1f})" for r in got)
+                             f"({round(100 * r['converged']['gain_over_last_rounds'], 1) + 0.0:+.1f})" for r in got)
             out.append(f"| {label} | {paper_cell(c['paper'], m, order[0])} | "
                        + " | ".join("not run yet" if not r else f"{pct(r.get('final_last10'))} ({pct(r['best'])})"
                                     for r in got) + f" | {pct(mean)} | {conv} |")
