@@ -37,13 +37,15 @@ GROUPS = 10
 RESNET_SHARE, VGG_SHARE = 0.08, 0.24
 
 
-def ref_layers(ref, runtime: str) -> int:
+def output_layer_peak(ref, runtime: str) -> int:
+    """ProFL's smallest step, the output layer alone: the floor of a column's budget range."""
     from edgefl.planning.strategies import PlanContext
-    return PlanContext(group_fleet("probe", [("p", 1, 2**40)], runtime), ref).num_layers
+    layers = PlanContext(group_fleet("probe", [("p", 1, 2**40)], runtime), ref).num_layers
+    return peak_bytes(ref, runtime, frozen_prefix=layers - 1)
 
 
 def budgets(ref, runtime: str, full_share: float) -> list[int]:
-    low = peak_bytes(ref, runtime, frozen_prefix=ref_layers(ref, runtime) - 1)
+    low = output_layer_peak(ref, runtime)
     full = peak_bytes(ref, runtime)
     high = low + (full - low) / (1 - full_share)          # P(budget >= full) = full_share under U[low, high]
     return [int(low + (high - low) * (i + 0.5) / GROUPS) for i in range(GROUPS)]
@@ -60,12 +62,12 @@ def runs_with(profl_options: dict, full_share: float, evidence: bool = False):
         fleet = group_fleet("profl", [(f"b{i}", 100 // GROUPS, b) for i, b in enumerate(levels)], args.runtime)
         ceiling = group_fleet("profl-ceiling", [("all", 100, peak_bytes(ref, args.runtime))], args.runtime)
         paper_runs = [Run("profl", "profl", fleet, options=profl_options),
-                 *[Run(m, m, fleet) for m in ("depthfl", "exclusive", "heterofl", "small")],
-                 Run("fedavg", "fedavg", ceiling, ceiling=True)]
+                      *[Run(m, m, fleet) for m in ("depthfl", "exclusive", "heterofl", "small")],
+                      Run("fedavg", "fedavg", ceiling, ceiling=True)]
         if not evidence:
             return paper_runs
         # the lower half at the range's floor, ProFL's output layer alone: below DepthFL's first block + exit
-        floor = peak_bytes(ref, args.runtime, frozen_prefix=ref_layers(ref, args.runtime) - 1)
+        floor = output_layer_peak(ref, args.runtime)
         half = group_fleet("profl-half", [(f"b{i}", 100 // GROUPS, floor if i < GROUPS // 2 else b)
                                           for i, b in enumerate(levels)], args.runtime)
         return [*paper_runs, Run("depthfl-half", "depthfl", half, evidence=True),
