@@ -186,7 +186,7 @@ def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
     p.add_argument("--only", help="run only these labels (comma-separated); merge the parts with --merge")
     p.add_argument("--runtime", default="ort", help="the fleet's device runtime, whose cost model sets the budgets")
     p.add_argument("--seed", type=int, default=SEED)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="where the emulated devices train: cpu, or cuda (recorded in the settings)")
     p.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / f"reproduce_{study.name}.json")
     p.add_argument("--state", type=Path, help="checkpoint each run here every round and resume it from there")
     return p.parse_args(argv)
@@ -292,6 +292,8 @@ def main(study: Study, description: str, argv=None) -> None:
                 "test_limit": args.test_limit, "runtime": args.runtime, "seed": args.seed, "devices": study.devices,
                 "clients_per_round": study.clients_per_round, "model": ref.label(), "data": args.data,
                 "train_examples": len(train.y), "test_examples": len(test.y),
+                # a column run on another device is another setting: --merge and --combine keep them apart
+                **({"device": args.device} if args.device != "cpu" else {}),
                 **({"score_last": study.score_last, "column": getattr(args, "column", None) or study.column} if study.score_last else {})}
     loop = LoopSettings(rounds=args.rounds, clients_per_round=study.clients_per_round, seed=args.seed,
                         eval_every=settings["eval_every"], eval_last=study.score_last, lr=settings["lr"],
