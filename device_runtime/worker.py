@@ -7,7 +7,8 @@ the device's share. Local training matches the emulation's torch Trainer
 (edgefl.device_runtime.trainers.torch_trainer) batch for batch, so a run served to devices and the same run
 emulated reach the same weights: `local_epochs` passes, each over a fresh permutation from numpy's
 default_rng(seed), cut to the instruction's `max_examples` (the examples the plan's FLOPs assume), in
-batches of the manifest's batch size, the last batch of a pass the remainder.
+batches of the manifest's batch size, the last batch of a pass the remainder (unless that is one example:
+edgefl.trainconfig.pass_batches).
 
     python -m edgefl.device_runtime.worker '{"artifacts": DIR, "data": PATH, "lr": 0.05, "seed": 7,
                                               "epochs": 1, "threads": 1, "out": FILE.npy,
@@ -27,6 +28,7 @@ def train(spec: dict) -> dict:
     from edgefl.device_runtime.local_data import load_data
     from edgefl.device_runtime.peaks import vm_status
     from edgefl.device_runtime.trainers.base import open_trainer
+    from edgefl.trainconfig import pass_batches
 
     t0 = time.perf_counter()
     trainer = open_trainer(spec["artifacts"], spec.get("runtime"), threads=spec.get("threads", 1))
@@ -39,7 +41,7 @@ def train(spec: dict) -> dict:
     whole = used - used % trainer.batch_size if getattr(trainer, "exact_batch", False) else used
     for _ in range(spec.get("epochs", 1)):
         order = rng.permutation(len(x))[:used]
-        for start in range(0, whole, trainer.batch_size):
+        for start in pass_batches(whole, trainer.batch_size):
             idx = order[start:start + trainer.batch_size]
             losses.append(float(trainer.train_step(x[idx], np.asarray(y[idx], np.int64).reshape(-1), spec["lr"])))
     upload_bytes = trainer.write_upload(spec["out"])

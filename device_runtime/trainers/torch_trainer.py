@@ -23,7 +23,7 @@ from edgefl.device_runtime.trainers.memory import OutOfMemory, measured
 from edgefl.device_runtime.trainers.objectives import Objective, objective_for
 from edgefl.errors import ConfigError
 from edgefl.messages import DeviceReport, ReportStatus, RoundInstruction
-from edgefl.trainconfig import TrainConfig
+from edgefl.trainconfig import TrainConfig, pass_batches
 
 
 def resolve_device(name: str) -> torch.device:
@@ -117,7 +117,7 @@ class TorchTrainer:
         losses = []
         for _ in range(config.local_epochs):
             order = rng.permutation(len(x))
-            for start in range(0, len(x), config.batch_size):
+            for start in pass_batches(len(x), config.batch_size):
                 idx = order[start:start + config.batch_size]
                 xb = torch.as_tensor(x[idx], device=self.device)
                 yb = targets(xb, torch.as_tensor(y[idx], device=self.device))

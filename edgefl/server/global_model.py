@@ -23,7 +23,7 @@ from edgefl.server.submodel import (IndexSets, Mode, aggregate, device_model, em
                                     index_sets)
 from edgefl.server.toa import toa
 from edgefl.server.validate import check_tensors, clip_update, expected_of
-from edgefl.trainconfig import TrainConfig
+from edgefl.trainconfig import TrainConfig, pass_batches
 from edgefl.zoo import ModelRef, build
 
 
@@ -181,7 +181,7 @@ class TorchServerModel:
             m.momentum = None                       # a cumulative mean, not an exponential one
         model.train()
         with torch.no_grad():
-            for start in range(0, len(x), batch):
+            for start in pass_batches(len(x), batch):     # as the devices batch: never one example
                 self.trainer.logits(model, config, torch.as_tensor(x[start:start + batch], device=self.trainer.device))
         for m, momentum in zip(norms, momenta):
             m.momentum = momentum
