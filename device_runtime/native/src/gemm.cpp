@@ -5,14 +5,14 @@ namespace edgefl {
 namespace gemm_build {
 void gemm(const Operand& a, const Operand& b, float* c, bool accumulate);
 void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c);
-void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+void gemm_rows_left(int64_t m, int64_t n, Positions k, const float* a, const int64_t* offsets, const float* b, float* c,
                     bool accumulate);
 }
 #ifdef EDGEFL_GEMM_AVX512_VARIANT
 namespace gemm_avx512 {
 void gemm(const Operand& a, const Operand& b, float* c, bool accumulate);
 void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c);
-void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+void gemm_rows_left(int64_t m, int64_t n, Positions k, const float* a, const int64_t* offsets, const float* b, float* c,
                     bool accumulate);
 }
 #endif
@@ -52,7 +52,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, 
   }
 }
 
-void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+void gemm_rows_left(int64_t m, int64_t n, Positions k, const float* a, const int64_t* offsets, const float* b, float* c,
                     bool accumulate) {
   if (wide()) {
 #ifdef EDGEFL_GEMM_AVX512_VARIANT

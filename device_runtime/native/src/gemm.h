@@ -33,10 +33,17 @@ constexpr int64_t kRowsMultiple = 16;
 // gemm_rows.cpp). n a multiple of kRowsMultiple.
 void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, const int64_t* offsets, float* c);
 
-// c (m x n, row-major, dense) = A (m x k) . b (k x n, row-major), or += with `accumulate`, where row r of A is the
-// k floats from a + offsets[r] (a stride-1 convolution's weight gradient, transposed: the shifted input rows
-// against the output's gradient laid out position by channel). n a multiple of kRowsMultiple.
-void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+// The positions a product sums over: `rows` runs of `run` consecutive positions, `stride` apart (a convolution's
+// output rows at its padded input's width: the pad columns' positions are skipped, not summed as zeros).
+struct Positions {
+  int64_t rows, run, stride;
+};
+
+// c (m x n, row-major, dense) = A (m x K) . b (K x n, row-major), or += with `accumulate`, summed over the positions
+// p of k, where A[r][p] is a[offsets[r] + p] and row p of b starts at b + p * n (a stride-1 convolution's weight
+// gradient, transposed: the shifted input rows against the output's gradient laid out position by channel). n a
+// multiple of kRowsMultiple.
+void gemm_rows_left(int64_t m, int64_t n, Positions k, const float* a, const int64_t* offsets, const float* b, float* c,
                     bool accumulate);
 
 // The instruction set gemm runs on this CPU ("x86-64-v4", "x86-64-v3", "armv8-a", ...), for the trainer's report.

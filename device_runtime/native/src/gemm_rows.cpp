@@ -81,11 +81,12 @@ void rows_of(int64_t row, int64_t n, int64_t k, const float* a, const float* b, 
 }
 
 // rows [r0, r0 + M) of c (+)= their shifted rows of A . b, N vectors of c's columns from column q: each step
-// broadcasts one element of each of the M rows and loads N vectors of one row of b. The loop vectorizer is kept
+// broadcasts one element of each of the M rows and loads N vectors of one row of b; the positions between runs
+// (a convolution's pad columns, whose gradient is zero) are not visited. The loop vectorizer is kept
 // off: it turned the rows' elements, read one position a step, into vectors of positions whose lanes it then
 // broadcast one by one (3.7x slower).
 template <int M, int N>
-__attribute__((optimize("no-tree-vectorize"))) void left_block(int64_t k, const float* a, const int64_t* offsets,
+__attribute__((optimize("no-tree-vectorize"))) void left_block(Positions k, const float* a, const int64_t* offsets,
                                                                int64_t r0, const float* b, int64_t ldb, int64_t q,
                                                                float* c, bool accumulate) {
   Vec acc[M][N];
@@ -94,15 +95,16 @@ __attribute__((optimize("no-tree-vectorize"))) void left_block(int64_t k, const 
       acc[i][j] = accumulate ? *reinterpret_cast<const Loose*>(c + (r0 + i) * ldb + q + j * V) : Vec{};
   const float* rows[M];
   for (int i = 0; i < M; i++) rows[i] = a + offsets[r0 + i];
-  for (int64_t p = 0; p < k; p++) {
-    Vec right[N];
-    for (int j = 0; j < N; j++) right[j] = *reinterpret_cast<const Loose*>(b + p * ldb + q + j * V);
+  for (int64_t y = 0; y < k.rows; y++)
+    for (int64_t p = y * k.stride, end = p + k.run; p < end; p++) {
+      Vec right[N];
+      for (int j = 0; j < N; j++) right[j] = *reinterpret_cast<const Loose*>(b + p * ldb + q + j * V);
 #pragma GCC unroll 8
-    for (int i = 0; i < M; i++) {
-      const Vec left = splat(rows[i][p]);
-      for (int j = 0; j < N; j++) acc[i][j] += left * right[j];
+      for (int i = 0; i < M; i++) {
+        const Vec left = splat(rows[i][p]);
+        for (int j = 0; j < N; j++) acc[i][j] += left * right[j];
+      }
     }
-  }
   for (int i = 0; i < M; i++)
     for (int j = 0; j < N; j++) *reinterpret_cast<Loose*>(c + (r0 + i) * ldb + q + j * V) = acc[i][j];
 }
@@ -110,7 +112,7 @@ __attribute__((optimize("no-tree-vectorize"))) void left_block(int64_t k, const 
 // every row of c, N vectors of columns from q, MR rows at a time: their MR row pointers stay in registers with the
 // accumulators (more rows would read each pointer from memory before its element: two loads a multiply-add)
 template <int N>
-void left_columns(int64_t m, int64_t k, const float* a, const int64_t* offsets, const float* b, int64_t n, int64_t q,
+void left_columns(int64_t m, Positions k, const float* a, const int64_t* offsets, const float* b, int64_t n, int64_t q,
                   float* c, bool accumulate) {
   constexpr int M = MR;
   int64_t r = 0;
@@ -128,7 +130,7 @@ void gemm_rows(int64_t m, int64_t n, int64_t k, const float* a, const float* b, 
   if (row < m) rows_of<1>(row, n, k, a, b, offsets, c);
 }
 
-void gemm_rows_left(int64_t m, int64_t n, int64_t k, const float* a, const int64_t* offsets, const float* b, float* c,
+void gemm_rows_left(int64_t m, int64_t n, Positions k, const float* a, const int64_t* offsets, const float* b, float* c,
                     bool accumulate) {
   int64_t q = 0;
   for (; q + NV * V <= n; q += NV * V) left_columns<NV>(m, k, a, offsets, b, n, q, c, accumulate);

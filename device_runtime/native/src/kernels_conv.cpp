@@ -199,20 +199,22 @@ void conv_shifted(const Geometry& g, const float* w, const float* x, const float
   }
 }
 
-// dW^T (c*kh*kw, o) (+)= the shifted rows . dY_s laid out position by channel at the padded width (zeros in the
-// dropped columns): each sample adds into the run's dW^T, which the run transposes into its dW once
+// dW^T (c*kh*kw, o) (+)= the shifted rows . dY_s laid out position by channel at the padded width (the pad
+// columns' positions skipped: 7-22% of the sum on 28-7 wide maps): each sample adds into the run's dW^T, which the
+// run transposes into its dW once
 bool weight_shiftable(const Geometry& g) { return shiftable(g) && g.o % kRowsMultiple == 0; }
 
 void weight_gradient_shifted(const Geometry& g, const float* dys, const float* x, float* dwt, bool accumulate) {
   const Shifts s(g);
   const float* padded = padded_sample(g, s, x);
+  // at the padded width, as the shifted rows are; the pad columns' positions are never read (nor written here)
   float* by_position = scratch(s.n * g.o, 1);
-  std::fill(by_position, by_position + s.n * g.o, 0.0f);
   // written in order, read from o streams that each stay in cache across a row
   for (int64_t oh = 0; oh < g.ho; oh++)
     for (int64_t ow = 0; ow < g.wo; ow++)
       for (int64_t o = 0; o < g.o; o++) by_position[(oh * s.wp + ow) * g.o + o] = dys[(o * g.ho + oh) * g.wo + ow];
-  gemm_rows_left(g.patch_rows(), g.o, s.n, padded, shift_offsets(g, s), by_position, dwt, accumulate);
+  gemm_rows_left(g.patch_rows(), g.o, Positions{g.ho, g.wo, s.wp}, padded, shift_offsets(g, s), by_position, dwt,
+                 accumulate);
 }
 
 // stride 1: the input's gradient is itself a convolution, of the output's gradient with the weight's channels
