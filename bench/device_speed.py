@@ -20,7 +20,7 @@ Emulation makes its absolute times meaningless; what it reports is each kernel s
 same set's x86 step, so an arm64-only regression shows as a ratio apart from the x86 one (and from the other
 kernel set's, when both ran).
 
-    python bench/device_speed.py [--sets cnn-full,...] [--steps 30] [--runs 3] [--qemu [--qemu-steps 5]] [--work DIR]
+    python bench/device_speed.py [--sets cnn-full,...] [--steps 30] [--runs 3] [--qemu [--qemu-steps 5] [--qemu-runs N]] [--work DIR]
                                  [--before BINARY:WORK[:AARCH64_BINARY]]
 """
 from __future__ import annotations
@@ -237,6 +237,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--qemu", action="store_true")
     p.add_argument("--qemu-steps", type=int, default=5, help="steps per run under qemu (emulation is slow)")
+    p.add_argument("--qemu-runs", type=int, help="runs in turn under qemu (default: --runs; a ResNet-20 step is "
+                                                  "about a minute there)")
     p.add_argument("--work", type=Path, help="export cache (default: a temporary folder)")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "device_speed.json")
     p.add_argument("--before", help="BINARY:WORK: another trainer build and the sets its exporter wrote")
@@ -264,6 +266,7 @@ def main() -> int:
     result = {"machine": platform.machine(), "processor": platform.processor() or None, "cpus": os.cpu_count(),
               "threads": 1, "steps": args.steps, "runs": args.runs, "batch_size": BATCH,
               "qemu_steps": args.qemu_steps if args.qemu else None,
+              "qemu_runs": (args.qemu_runs or args.runs) if args.qemu else None,
               "load_average_at_start": os.getloadavg()[0], "sets": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     every = {}
@@ -284,8 +287,8 @@ def main() -> int:
         print(f"{name} under qemu", flush=True)
         row = result["sets"][name]
         if "native" in row:
-            row["aarch64_qemu_relative"] = qemu_column(name, every[name], row, args.qemu_steps, args.runs,
-                                                       before or ())
+            row["aarch64_qemu_relative"] = qemu_column(name, every[name], row, args.qemu_steps,
+                                                       args.qemu_runs or args.runs, before or ())
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
