@@ -298,7 +298,8 @@ def render_combined(name: str) -> str:
         out += [f"**{column}** ({s['model']}, {s['data']}, {s['train_examples']} training / {s['test_examples']} test "
                 f"examples, {s['partition']}, {s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} "
                 f"rounds, {s['full_model_share']:.0%} of the devices fitting the whole model, {s['runtime']} budgets "
-                f"{mib(min(budgets))} to {mib(max(budgets))}). Last-10 mean accuracy (best evaluation) in %; "
+                f"{mib(min(budgets))} to {mib(max(budgets))}"
+                f"{', trained on ' + s['device'] if s.get('device') else ''}). Last-10 mean accuracy (best evaluation) in %; "
                 f"converged: the last-10 mean less than a point above the best evaluation {CONVERGED_SPAN} or more rounds before "
                 f"the end (its gain in points).", ""]
         out += ["| method | paper | " + " | ".join(f"seed {k}" for k in seeds) + " | mean | converged |",

@@ -230,15 +230,16 @@ def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evide
         return {"final": score, "final_last10": score, "best": score + 0.003,
                 "converged": {"converged": gain < 0.01, "gain_over_last_rounds": gain}, **flags}
 
-    def seed(k, methods):
-        return {"settings": {"seed": k, "column": "resnet", "model": "m", "data": "d", "train_examples": 10,
+    def seed(k, methods, column="resnet", **settings):
+        return {"settings": {"seed": k, "column": column, "model": "m", "data": "d", "train_examples": 10,
                              "test_examples": 5, "partition": "iid", "devices": 4, "clients_per_round": 2,
-                             "rounds": 9, "full_model_share": 0.08, "runtime": "ort"},
+                             "rounds": 9, "full_model_share": 0.08, "runtime": "ort", **settings},
                 "paper": {"ahead_by_points": {"depthfl": 13.7}}, "paper_order": ["profl", "depthfl"],
                 "budgets_bytes": {"b0": 2**20, "b1": 3 * 2**20}, "methods": methods}
     parts = {"s0": seed(0, {"profl": row(0.85, 0.003), "depthfl": row(0.88, 0.004)}),
              "e0": seed(0, {"depthfl-half": row(0.86, 0.02, evidence=True)}),
-             "s1": seed(1, {"profl": row(0.84, 0.002)})}
+             "s1": seed(1, {"profl": row(0.84, 0.002)}),
+             "g0": seed(0, {"profl": row(0.8, 0.0)}, column="vgg11bn", device="cuda")}
     for name, part in parts.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(part))
     combined = combine([tmp_path / f"{n}.json" for n in parts], "resnet")
@@ -250,4 +251,5 @@ def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evide
     assert "| depthfl | profl -13.7 | 88.0 (88.3) | not run yet | n/a | yes (+0.4), n/a |" in lines
     assert "| depthfl-half (evidence) |  | 86.0 (86.3) | not run yet | n/a | **no** (+2.0), n/a |" in lines
     assert "Seed 0: depthfl > profl. Matches the paper's profl > depthfl: **no**." in lines
-    assert "1.0 MiB to 3.0 MiB" in lines[0]
+    assert "1.0 MiB to 3.0 MiB" in lines[0] and "trained on" not in lines[0]
+    assert any(line.startswith("**vgg11bn**") and "3.0 MiB, trained on cuda)" in line for line in lines)
