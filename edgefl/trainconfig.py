@@ -32,8 +32,8 @@ OPTIMIZER_STATE_SLOTS = {"sgd": 1, "adamw": 2}
 def pass_batches(examples: int, batch_size: int) -> range:
     """Where each batch of one pass over `examples` starts. The remainder trains as a smaller batch, except a
     remainder of one example, which is skipped: batch norm cannot normalise one example over a 1x1 map (VGG-11's
-    last block; torch raises, ONNX Runtime divides by a zero variance and trains on nothing), as a data loader's
-    drop_last would, for that one case only."""
+    last block): torch raises, and where it does not, the example's variance is 0 and its normalised features all
+    0, nothing to train on. As a data loader's drop_last, for that one case only."""
     whole = examples - 1 if batch_size > 1 and examples % batch_size == 1 else examples
     return range(0, whole, batch_size)
 
