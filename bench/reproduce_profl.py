@@ -16,8 +16,9 @@ Budgets: ten groups of ten devices at the deciles of a uniform draw between ProF
 layer alone) and the point where the column's share fits the whole model. Methods: ProFL, ExclusiveFL,
 AllSmall (edgefl's small model), HeteroFL, DepthFL; unconstrained FedAvg is the ceiling (the paper reports
 none). The ResNet column adds two evidence runs, not ordered with those: DepthFL with half the fleet below its
-smallest model (`depthfl-half`) and ProFL with even steps (`profl-even-steps`, `ProFL(switch="schedule")`). Rounds, epochs, batch and learning rate are not in the paper: ours are SLT's bench settings. Every
-round of the last 10 is evaluated; `converged` is judged by bench/reproduction.last_rounds, fixed before any
+smallest model (`depthfl-half`) and ProFL with even steps (`profl-even-steps`, `ProFL(switch="schedule")`).
+Rounds, epochs, batch and learning rate are not in the paper: ours are SLT's bench settings. Every round of the
+last 10 is evaluated; `converged` is judged by bench/reproduction.last_rounds, fixed before any
 run. Settings are fixed here, before any run.
 
 Validate:  python bench/reproduce_profl.py --rounds 12 --train-limit 2000 --test-limit 500 -o /tmp/profl.json
