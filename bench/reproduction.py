@@ -241,13 +241,16 @@ KEPT = ("final_last10", "best", "final", "converged", "ceiling", "evidence", "ex
 def combine(paths: list[Path], default_column: str) -> dict:
     """One file of a study's result files, by column and seed: each seed's rows (KEPT), order and verdict, and
     per column the order of the methods' means over the seeds that ran them all, under the same tie rule.
-    Files of one column and seed (a study split across processes, its evidence runs) are one seed's rows."""
+    Files of one column and seed (a study split across processes, its evidence runs) are one seed's rows; a
+    column run on another device than the CPU is keyed "<column> on <device>"."""
     columns: dict = {}
     for path in paths:
         part = json.loads(Path(path).read_text())
         settings = {k: v for k, v in part["settings"].items() if k != "seed"}
         settings["column"] = settings.get("column") or default_column
-        column = columns.setdefault(settings["column"], {
+        # a column trained on a GPU is its own column beside the CPU one: its runs are never merged with those
+        key = settings["column"] + (f" on {settings['device']}" if settings.get("device") else "")
+        column = columns.setdefault(key, {
             "settings": settings, "paper": part["paper"], "paper_order": part["paper_order"], "seeds": {}})
         if column["settings"] != settings:
             raise SystemExit(f"--combine: {path} has other settings than the column's first file")

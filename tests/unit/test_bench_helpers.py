@@ -239,7 +239,8 @@ def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evide
     parts = {"s0": seed(0, {"profl": row(0.85, 0.003), "depthfl": row(0.88, 0.004)}),
              "e0": seed(0, {"depthfl-half": row(0.86, 0.02, evidence=True)}),
              "s1": seed(1, {"profl": row(0.84, 0.002)}),
-             "g0": seed(0, {"profl": row(0.8, 0.0)}, column="vgg11bn", device="cuda")}
+             "g0": seed(0, {"profl": row(0.8, 0.0)}, column="vgg11bn", device="cuda"),
+             "c0": seed(0, {"profl": row(0.82, 0.0)}, column="vgg11bn")}
     for name, part in parts.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(part))
     combined = combine([tmp_path / f"{n}.json" for n in parts], "resnet")
@@ -252,4 +253,8 @@ def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evide
     assert "| depthfl-half (evidence) |  | 86.0 (86.3) | not run yet | n/a | **no** (+2.0), n/a |" in lines
     assert "Seed 0: depthfl > profl. Matches the paper's profl > depthfl: **no**." in lines
     assert "1.0 MiB to 3.0 MiB" in lines[0] and "trained on" not in lines[0]
-    assert any(line.startswith("**vgg11bn**") and "3.0 MiB, trained on cuda)" in line for line in lines)
+    assert any(line.startswith("**vgg11bn on cuda**") and "3.0 MiB, trained on cuda)" in line for line in lines)
+    # the CPU run of the same column is its own table, never merged with the GPU's
+    assert any(line.startswith("**vgg11bn** (") and "trained on" not in line for line in lines)
+    assert "| profl | first | 82.0 (82.3) | 82.0 | yes (+0.0) |" in lines
+    assert "| profl | first | 80.0 (80.3) | 80.0 | yes (+0.0) |" in lines
