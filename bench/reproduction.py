@@ -187,9 +187,17 @@ def arguments(study: Study, description: str, argv=None) -> argparse.Namespace:
     p.add_argument("--runtime", default="ort", help="the fleet's device runtime, whose cost model sets the budgets")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--device", default="cpu", help="where the emulated devices train: cpu, or cuda (recorded in the settings)")
-    p.add_argument("-o", "--output", type=Path, default=ROOT / "bench" / "results" / f"reproduce_{study.name}.json")
+    p.add_argument("-o", "--output", type=Path, help=f"the result file (default: bench/results/reproduce_"
+                   f"{study.name}{'_seed<S>' if study.score_last else '[_seed<S> at a seed other than 0]'}.json; "
+                   f"with --combine, reproduce_{study.name}.json)")
     p.add_argument("--state", type=Path, help="checkpoint each run here every round and resume it from there")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.output is None:
+        # a seed's own file, so another seed's run never overwrites it; a study to convergence (scored by its
+        # last rounds) is combined from its seeds' files into the seedless name
+        seeded = not args.combine and (args.seed or study.score_last)
+        args.output = ROOT / "bench" / "results" / f"reproduce_{study.name}{f'_seed{args.seed}' if seeded else ''}.json"
+    return args
 
 
 def run_state(folder: Optional[Path], label: str, settings: dict) -> dict:

@@ -284,20 +284,27 @@ def paper_cell(paper: dict, method: str, leader: str) -> str:
     return "first" if ahead and method == leader else ""
 
 
+def share(settings: dict) -> str:
+    """ProFL's columns are set by the share of the devices that fit the whole model; other studies' by their
+    groups' budgets alone."""
+    got = settings.get("full_model_share")
+    return "" if got is None else f"{got:.0%} of the devices fitting the whole model, "
+
+
 def render_combined(name: str) -> str:
     """A study to convergence (`reproduce_<name>.json`, written by `--combine`): per column each method's last-10
     mean (best) at every seed, their mean, whether each converged, each seed's order and the order of the means;
     evidence runs (not the paper's methods) below the ceiling."""
     path = RESULTS / f"reproduce_{name}.json"
     if not path.exists():
-        return f"No result yet: run `python bench/reproduce_{name}.py ... --combine`.\n"
+        return f"No result yet: run `python bench/reproduce_{name.split('_')[0]}.py ... --combine`.\n"
     out = []
     for column, c in json.loads(path.read_text())["columns"].items():
         s, seeds, order = c["settings"], sorted(c["seeds"], key=int), c["paper_order"]
         budgets = [b for seed in c["seeds"].values() for b in seed["budgets_bytes"].values()]
         out += [f"**{column}** ({s['model']}, {s['data']}, {s['train_examples']} training / {s['test_examples']} test "
                 f"examples, {s['partition']}, {s['devices']} devices, {s['clients_per_round']} per round, {s['rounds']} "
-                f"rounds, {s['full_model_share']:.0%} of the devices fitting the whole model, {s['runtime']} budgets "
+                f"rounds, {share(s)}{s['runtime']} budgets "
                 f"{mib(min(budgets))} to {mib(max(budgets))}"
                 f"{', trained on ' + s['device'] if s.get('device') else ''}). Last-10 mean accuracy (best evaluation) in %; "
                 f"converged: the last-10 mean less than a point above the best evaluation {CONVERGED_SPAN} or more rounds before "
@@ -355,7 +362,7 @@ RENDER = {"slt": render_slt, "caff": render_caff, "caff_seeds": render_caff_seed
           "caff_continued_seeds": lambda: render_caff_seeds(("caff_continued", "caff_continued_seed1")),
           **{n: (lambda n=n: render_study(n)) for n in ("fedolf", "fedolf_mnist", "fedolf_dirichlet", "fedepth",
                                                         "profl_25rounds")},
-          "profl": lambda: render_combined("profl"),
+          **{n: (lambda n=n: render_combined(n)) for n in ("profl", "fedepth_convergence", "fedolf_convergence")},
           **{f"{n}_seeds": (lambda n=n: render_study_seeds(n)) for n in ("fedolf_mnist", "fedolf_dirichlet")}}
 
 

@@ -240,7 +240,9 @@ def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evide
              "e0": seed(0, {"depthfl-half": row(0.86, 0.02, evidence=True)}),
              "s1": seed(1, {"profl": row(0.84, 0.002)}),
              "g0": seed(0, {"profl": row(0.8, 0.0)}, column="vgg11bn", device="cuda"),
-             "c0": seed(0, {"profl": row(0.82, 0.0)}, column="vgg11bn")}
+             "c0": seed(0, {"profl": row(0.82, 0.0)}, column="vgg11bn"),
+             # a study whose budgets are not set by a share fitting the whole model (FeDepth's, FedOLF's)
+             "f0": seed(0, {"profl": row(0.81, 0.0)}, column="widths", full_model_share=None)}
     for name, part in parts.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(part))
     combined = combine([tmp_path / f"{n}.json" for n in parts], "resnet")
@@ -258,3 +260,29 @@ def test_a_study_to_convergence_renders_each_seed_its_mean_convergence_and_evide
     assert any(line.startswith("**vgg11bn** (") and "trained on" not in line for line in lines)
     assert "| profl | first | 82.0 (82.3) | 82.0 | yes (+0.0) |" in lines
     assert "| profl | first | 80.0 (80.3) | 80.0 | yes (+0.0) |" in lines
+    widths = next(line for line in lines if line.startswith("**widths** ("))
+    assert "9 rounds, ort budgets 1.0 MiB" in widths and "fitting" not in widths
+
+
+@pytest.mark.parametrize("name", ["fedepth", "fedolf"])
+def test_fedepth_and_fedolf_run_to_convergence_as_their_own_column_one_file_per_seed(name):
+    import importlib
+    from dataclasses import replace
+
+    from reproduction import arguments
+
+    study = importlib.import_module(f"reproduce_{name}").STUDY
+    column = study.columns["to-convergence"]
+    # the 25-round setting, longer and scored by its last 10 rounds: nothing else changes
+    assert {k: v for k, v in column["settings"].items() if k != "rounds"} == \
+        {k: v for k, v in study.settings.items() if k != "rounds"}
+    assert (study.settings["rounds"], column["settings"]["rounds"], column["score_last"]) == (25, 300, 10)
+    converging = replace(study, **column)
+    results = ROOT / "bench" / "results"
+    # each seed its own file (a second seed's run never overwrites the first's); --combine writes the seedless one
+    assert arguments(converging, "", ["--seed", "1"]).output == results / f"reproduce_{name}_convergence_seed1.json"
+    assert arguments(converging, "", []).output == results / f"reproduce_{name}_convergence_seed0.json"
+    assert arguments(converging, "", ["--combine", "a.json"]).output == results / f"reproduce_{name}_convergence.json"
+    # the 25-round study keeps its file names: seed 0's has none
+    assert arguments(study, "", []).output == results / f"reproduce_{name}.json"
+    assert arguments(study, "", ["--seed", "1"]).output == results / f"reproduce_{name}_seed1.json"
