@@ -15,8 +15,9 @@ the last 10 rounds after convergence" (Table 1), ProFL allowed up to T times the
 Budgets: ten groups of ten devices at the deciles of a uniform draw between ProFL's smallest step (the output
 layer alone) and the point where the column's share fits the whole model. Methods: ProFL, ExclusiveFL,
 AllSmall (edgefl's small model), HeteroFL, DepthFL; unconstrained FedAvg is the ceiling (the paper reports
-none). The ResNet column adds two evidence runs, not ordered with those: DepthFL with half the fleet below its
-smallest model (`depthfl-half`) and ProFL with even steps (`profl-even-steps`, `ProFL(switch="schedule")`).
+none). Evidence runs, not ordered with those: DepthFL with half the fleet below its smallest model
+(`depthfl-half`, the ResNet column) and ProFL with even steps (`profl-even-steps`, `ProFL(switch="schedule")`,
+both columns).
 Rounds, epochs, batch and learning rate are not in the paper: ours are SLT's bench settings. Every round of the
 last 10 is evaluated; `converged` is judged by bench/reproduction.last_rounds, fixed before any
 run. Settings are fixed here, before any run.
@@ -56,12 +57,15 @@ def budgets(ref, runtime: str, full_share: float) -> list[int]:
     return [int(low + (high - low) * (i + 0.5) / GROUPS) for i in range(GROUPS)]
 
 
-def runs_with(profl_options: dict, full_share: float, evidence: bool = False):
-    """A column's runs: its budgets put `full_share` of the devices above the whole model's peak. With
-    `evidence`, two runs that test why DepthFL leads ProFL here (not ordered with the paper's methods):
+EVIDENCE = ("depthfl-half", "profl-even-steps")
+
+
+def runs_with(profl_options: dict, full_share: float, evidence: tuple[str, ...] = ()):
+    """A column's runs: its budgets put `full_share` of the devices above the whole model's peak. `evidence`
+    names runs that test why ProFL is not first here (not ordered with the paper's methods): `depthfl-half`,
     DepthFL with the lower half of the fleet below its smallest model (50% participation, the paper's
-    ResNet18 setting has 47%), and ProFL with each step given its even share of the rounds instead of ending
-    when its block's movement flattens."""
+    ResNet18 setting has 47%), and `profl-even-steps`, ProFL with each step given its even share of the rounds
+    instead of ending when its block's movement flattens."""
     def runs(args, ref) -> list[Run]:
         levels = budgets(ref, args.runtime, full_share)
         fleet = group_fleet("profl", [(f"b{i}", 100 // GROUPS, b) for i, b in enumerate(levels)], args.runtime)
@@ -69,14 +73,17 @@ def runs_with(profl_options: dict, full_share: float, evidence: bool = False):
         paper_runs = [Run("profl", "profl", fleet, options=profl_options),
                       *[Run(m, m, fleet) for m in ("depthfl", "exclusive", "heterofl", "small")],
                       Run("fedavg", "fedavg", ceiling, ceiling=True)]
-        if not evidence:
-            return paper_runs
-        # the lower half at the range's floor, ProFL's output layer alone: below DepthFL's first block + exit
-        floor = output_layer_peak(ref, args.runtime)
-        half = group_fleet("profl-half", [(f"b{i}", 100 // GROUPS, floor if i < GROUPS // 2 else b)
-                                          for i, b in enumerate(levels)], args.runtime)
-        return [*paper_runs, Run("depthfl-half", "depthfl", half, evidence=True),
-                Run("profl-even-steps", "profl", fleet, evidence=True, options={**profl_options, "switch": "schedule"})]
+        extra = []
+        if "depthfl-half" in evidence:
+            # the lower half at the range's floor, ProFL's output layer alone: below DepthFL's first block + exit
+            floor = output_layer_peak(ref, args.runtime)
+            half = group_fleet("profl-half", [(f"b{i}", 100 // GROUPS, floor if i < GROUPS // 2 else b)
+                                              for i, b in enumerate(levels)], args.runtime)
+            extra.append(Run("depthfl-half", "depthfl", half, evidence=True))
+        if "profl-even-steps" in evidence:
+            extra.append(Run("profl-even-steps", "profl", fleet, evidence=True,
+                             options={**profl_options, "switch": "schedule"}))
+        return [*paper_runs, *extra]
     return runs
 
 
@@ -84,7 +91,7 @@ SETTINGS = {"partition": "iid", "train_limit": 20000, "test_limit": 5000, "eval_
             "lr_final": 0.005, "batch_size": 32, "local_epochs": 1, "optimizer": "sgd (momentum 0.9, weight decay "
             "1e-5)", "budget_groups": GROUPS}
 VGG11 = {
-    "name": "profl_vgg11bn", "model": "vgg11bn", "input_shape": (1, 32, 32), "runs": runs_with({"blocks": 2}, VGG_SHARE),
+    "name": "profl_vgg11bn", "model": "vgg11bn", "input_shape": (1, 32, 32), "runs": runs_with({"blocks": 2}, VGG_SHARE, evidence=("profl-even-steps",)),
     "paper": {"source": "ProFL (seed paper 002), Table 2, CIFAR-10 non-iid, VGG11_bn column",
               "accuracy": {"profl": 85.4, "depthfl": 83.4, "exclusive": 81.1, "heterofl": 78.2, "small": 75.3},
               "participation": {"profl": 1.0, "depthfl": 0.43, "exclusive": 0.24, "heterofl": 1.0, "small": 1.0},
@@ -103,7 +110,7 @@ STUDY = Study(
                       "learning rate not stated"},
     settings={**SETTINGS, "rounds": 300, "full_model_share": RESNET_SHARE, "blocks": 3},
     paper_order=["profl", "small", "heterofl", "depthfl", "exclusive"],
-    runs=runs_with({}, RESNET_SHARE, evidence=True), clients_per_round=20, score_last=10, columns={"vgg11bn": VGG11}, column="resnet")
+    runs=runs_with({}, RESNET_SHARE, evidence=EVIDENCE), clients_per_round=20, score_last=10, columns={"vgg11bn": VGG11}, column="resnet")
 
 if __name__ == "__main__":
     main(STUDY, __doc__.splitlines()[0])
