@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduction import Run, Study, group_fleet, main, peak_bytes  # noqa: E402
+from reproduction import Run, Study, convergence_column, group_fleet, main, peak_bytes  # noqa: E402
 
 WIDTHS = {"r1/6": 1 / 6, "r1/3": 1 / 3, "r1/2": 1 / 2, "r1": 1.0}
 
@@ -39,10 +39,6 @@ def runs(args, ref) -> list[Run]:
 SETTINGS = {"rounds": 25, "partition": "dirichlet:1", "train_limit": 20000, "test_limit": 5000,
             "eval_every": 5, "lr": 0.05, "lr_final": 0.005, "batch_size": 32, "local_epochs": 1,
             "optimizer": "sgd (momentum 0.9, weight decay 1e-5)", "budget_widths": list(WIDTHS)}
-# the same setting run until its curves flatten, scored by the mean of its last 10 rounds (each evaluated): the
-# paper's final accuracy is its mean over 5 runs, which 2 seeds here cannot average out; a last-10 mean of a
-# converged run estimates the same converged accuracy with the round-to-round noise averaged
-CONVERGENCE = {"name": "fedepth_convergence", "settings": {**SETTINGS, "rounds": 300}, "score_last": 10}
 
 STUDY = Study(
     name="fedepth",
@@ -55,7 +51,7 @@ STUDY = Study(
                       "10 local epochs, SGD lr 0.1 cosine, batch 128, mean of 5 runs"},
     settings=SETTINGS,
     paper_order=["fedepth", "heterofl", "depthfl", "small"],
-    runs=runs, columns={"to-convergence": CONVERGENCE})
+    runs=runs, columns={"to-convergence": convergence_column("fedepth", SETTINGS)})
 
 if __name__ == "__main__":
     main(STUDY, __doc__.splitlines()[0])

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reproduction import Run, Study, group_fleet, main, peak_bytes  # noqa: E402
+from reproduction import Run, Study, convergence_column, group_fleet, main, peak_bytes  # noqa: E402
 
 FROZEN = (4, 3, 2, 1, 0)
 
@@ -46,10 +46,6 @@ def runs(args, ref) -> list[Run]:
 SETTINGS = {"rounds": 25, "partition": "iid", "train_limit": 20000, "test_limit": 5000,
             "eval_every": 5, "lr": 0.05, "lr_final": 0.005, "batch_size": 32, "local_epochs": 1,
             "optimizer": "sgd (momentum 0.9, weight decay 1e-5)", "clusters_frozen_layers": list(FROZEN)}
-# the same setting run until its curves flatten, scored by the mean of its last 10 rounds (each evaluated): the
-# paper's final accuracy is its mean over 3 trials, which 2 seeds here cannot average out; a last-10 mean of a
-# converged run estimates the same converged accuracy with the round-to-round noise averaged
-CONVERGENCE = {"name": "fedolf_convergence", "settings": {**SETTINGS, "rounds": 300}, "score_last": 10}
 
 STUDY = Study(
     name="fedolf",
@@ -61,7 +57,7 @@ STUDY = Study(
                       "500 rounds, 5 local epochs, SGD lr 0.01, batch 128, mean of 3 trials"},
     settings=SETTINGS,
     paper_order=["fedolf", "slt", "fedolf+toa0.75", "fedolf+toa0.5", "fjord", "heterofl", "fd", "depthfl"],
-    runs=runs, columns={"to-convergence": CONVERGENCE},
+    runs=runs, columns={"to-convergence": convergence_column("fedolf", SETTINGS)},
     non_iid={"source": "FedOLF (seed paper 004), Table 1 (Dirichlet(0.1), T = 500), CIFAR-100 / ResNet-20 column",
              "accuracy": {"fedolf": 37.85, "fedolf+toa0.75": 36.04, "slt": 25.04, "fedolf+toa0.5": 24.93,
                           "depthfl": 24.87, "fd": 17.02, "fjord": 12.7, "heterofl": 12.32, "fedavg": 46.01},
