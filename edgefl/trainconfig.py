@@ -38,6 +38,16 @@ def pass_batches(examples: int, batch_size: int) -> range:
     return range(0, whole, batch_size)
 
 
+def output_layer(names, prefix: str = "aux.") -> list[str]:
+    """ProFL's output layer (sec. 4.1): of the tensors a step trains, those of its auxiliary head's last module,
+    the head's tensors being named `prefix` + module index + ... (`aux.` in a device's model; a config's
+    `aux_prefix` in the global state and on the wire). The device trains and uploads these alone, and the
+    server expects these alone: one rule for both sides."""
+    head = [n for n in names if n.startswith(prefix)]
+    last = max((int(n[len(prefix):].split(".")[0]) for n in head), default=None)
+    return [n for n in head if n.startswith(f"{prefix}{last}.")]
+
+
 def aux_key(boundary: int, kind: str) -> str:
     """Where the auxiliary head of `kind` at `boundary` lives in the global state (and on the wire)."""
     return f"aux.{boundary}.{kind}."

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edgefl.trainconfig import TrainConfig, aux_key
+from edgefl.trainconfig import TrainConfig, aux_key, output_layer
 
 
 def _flat(out: torch.Tensor) -> torch.Tensor:
@@ -60,10 +60,7 @@ class Objective:
     def trains(self, names: list[str]) -> list[str]:
         """Of the tensors the config trains, those the device trains and uploads: with `output_layer_only`,
         its auxiliary head's last module alone (ProFL's output layer, ProFL sec. 4.1)."""
-        if not self.options.get("output_layer_only"):
-            return names
-        last = max((int(n.split(".")[1]) for n in names if n.startswith("aux.")), default=None)
-        return [n for n in names if n.startswith(f"aux.{last}.")]
+        return output_layer(names) if self.options.get("output_layer_only") else names
 
     def prepare(self, model: nn.Module, config: TrainConfig) -> list:
         """Trainable parameters outside the model (after the weights loaded and requires_grad is set)."""

@@ -23,7 +23,7 @@ from edgefl.server.submodel import (IndexSets, Mode, aggregate, device_model, em
                                     index_sets)
 from edgefl.server.toa import toa
 from edgefl.server.validate import check_tensors, clip_update, expected_of
-from edgefl.trainconfig import TrainConfig, pass_batches
+from edgefl.trainconfig import TrainConfig, output_layer, pass_batches
 from edgefl.zoo import ModelRef, build
 
 
@@ -98,6 +98,8 @@ class TorchServerModel:
             handled.append((config, indices))
         trained = {e.key for config, _ in handled for e in entries(self.ref, config)
                    if e.layer >= config.frozen_prefix and not e.frozen}
+        if instruction.option("output_layer_only"):     # ProFL's devices that afford no block (sec. 4.1)
+            trained = set(output_layer(trained, instruction.config.aux_prefix))
         # what the device must upload, as sent: the report is checked against it before anything is placed
         delivery.handle = (handled, expected_of(delivery.weights, sorted(trained)))
         return delivery
@@ -110,8 +112,10 @@ class TorchServerModel:
             tensors, _ = clip_update(self._sent(parts), tensors, self.clip_norm)
         placed, mask = {}, {}
         for config, indices in parts:
-            trained = [e for e in entries(self.ref, config) if e.layer >= config.frozen_prefix and not e.frozen]
-            p, m = embed(self.state, {e.device_key: tensors[e.key] for e in trained}, self.ref, config, indices)
+            trained = [e for e in entries(self.ref, config)
+                       if e.layer >= config.frozen_prefix and not e.frozen and e.key in expected]
+            p, m = embed(self.state, {e.device_key: tensors[e.key] for e in trained}, self.ref, config, indices,
+                         only=expected)
             placed.update(p)
             mask.update(m)
         return report.examples, placed, mask

@@ -20,7 +20,7 @@ import random
 import zlib
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable, Literal, Mapping, Optional, Sequence, cast
+from typing import Collection, Iterable, Literal, Mapping, Optional, Sequence, cast
 
 import torch
 from torch import nn
@@ -237,17 +237,18 @@ def extract(global_state: Mapping[str, torch.Tensor], ref: ModelRef, config: Tra
 
 
 def embed(global_state: Mapping[str, torch.Tensor], device_update: Mapping[str, torch.Tensor], ref: ModelRef,
-          config: TrainConfig, indices: IndexSets) -> tuple[State, State]:
+          config: TrainConfig, indices: IndexSets, only: Optional[Collection[str]] = None) -> tuple[State, State]:
     """Place the tensors the device trained (layers [frozen_prefix, end) with their BN statistics, and the
     auxiliary head) into global-shaped tensors. Returns (placed, mask): placed holds the global value
     where mask is False; frozen tensors are never uploaded, so they appear in neither. A tensor trained
-    whole is placed as the upload itself (shared, not copied) with a broadcast True mask."""
+    whole is placed as the upload itself (shared, not copied) with a broadcast True mask. `only`: the
+    global names the device was asked to train where it trains fewer than the config (ProFL's output layer)."""
     state = ensure_aux(global_state, ref, [config])
     placed: State = {}
     mask: State = {}
     low_rank: dict[tuple[str, str], torch.Tensor] = {}
     for e in entries(ref, config):
-        if e.layer < config.frozen_prefix or e.frozen:
+        if e.layer < config.frozen_prefix or e.frozen or (only is not None and e.key not in only):
             continue
         if e.device_key not in device_update:
             raise ReportRejected(f"the update lacks trained tensor {e.device_key!r}")

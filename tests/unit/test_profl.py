@@ -100,6 +100,18 @@ def test_a_client_that_can_afford_no_block_trains_only_the_output_layer(planned)
     assert sorted(tensors) == ["aux.1.conv.1.fc.bias", "aux.1.conv.1.fc.weight"]
     assert not torch.equal(tensors["aux.1.conv.1.fc.weight"], state["aux.1.conv.1.fc.weight"])
 
+    # the server expects the output layer alone and places it: a report of it is not rejected as incomplete
+    from edgefl.messages import DeviceReport
+    from edgefl.server.global_model import TorchServerModel
+
+    server = TorchServerModel(ref, None, trainer, seed=0, initial=build(ref).state_dict())
+    delivery = server.weights_for(instruction, 3)
+    assert sorted(delivery.handle[1]) == sorted(tensors)
+    report = DeviceReport(round=1, device_id="tiny-0", config_hash="", status="ok", examples=64, tensors=tensors)
+    examples, placed, _ = server.contribution(report, instruction, delivery.handle)
+    assert examples == 64 and sorted(placed) == sorted(tensors)
+    assert torch.equal(placed["aux.1.conv.1.fc.weight"], tensors["aux.1.conv.1.fc.weight"])
+
 
 def _head_mse(model, state, boundary, end, x):
     head = model.aux_head(boundary, "conv")
