@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Optional
 
@@ -134,6 +135,13 @@ def _newest_whole(base: Path) -> Optional[int]:
     return None
 
 
+def as_exported(instruction: RoundInstruction) -> RoundInstruction:
+    """The instruction as an exported artifact set carries it out: the set trains its config's whole trainable
+    suffix, so a ProFL device that affords no block trains the whole output module there, not its output
+    layer alone (a departure from ProFL sec. 4.1 on devices, said in its docstring), and uploads all of it."""
+    return replace(instruction, options=tuple((k, v) for k, v in instruction.options if k != "output_layer_only"))
+
+
 class DeployedServerModel(TorchServerModel):
     """The global model of a served run: as in emulation, but each delivery is an artifact set shipped to
     the device (its id in `Delivery.artifacts`) instead of tensors."""
@@ -146,7 +154,7 @@ class DeployedServerModel(TorchServerModel):
         self.budget_of = dict(budget_of)
 
     def weights_for(self, instruction: RoundInstruction, device_seed: int) -> Delivery:
-        delivery = super().weights_for(instruction, device_seed)
+        delivery = super().weights_for(as_exported(instruction), device_seed)
         parts, expected = delivery.handle
         (config, indices), = parts          # check_deployable: one config per instruction
         folder = self.shipper.prepare(self.ref, config, indices, self.runtime_of[instruction.device_id], self.state,

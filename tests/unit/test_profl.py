@@ -111,6 +111,11 @@ def test_a_client_that_can_afford_no_block_trains_only_the_output_layer(planned)
     examples, placed, _ = server.contribution(report, instruction, delivery.handle)
     assert examples == 64 and sorted(placed) == sorted(tensors)
     assert torch.equal(placed["aux.1.conv.1.fc.weight"], tensors["aux.1.conv.1.fc.weight"])
+    # an exported artifact set trains the whole output module: a served device is expected to upload all of it
+    from edgefl.engines.deployed import as_exported
+
+    exported = server.weights_for(as_exported(instruction), 3).handle[1]
+    assert set(tensors) < set(exported) and {k.split(".")[3] for k in exported} == {"0", "1"}
 
 
 def _head_mse(model, state, boundary, end, x):

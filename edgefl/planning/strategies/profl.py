@@ -42,7 +42,8 @@ Departures, and why:
   one (deployment) composes the module without distilling, and the round's decisions say so.
 - A device training only the output layer is planned and checked against the whole output module's cost
   (an upper bound of its memory); the ORT and ExecuTorch trainers train the whole module (their training
-  graphs are per config), the torch trainer only its linear.
+  graphs are per config), the torch trainer only its linear; the server expects from each what it trains
+  (edgefl.engines.deployed.as_exported).
 - Mid-schedule the model is judged as the current step trains it (`evaluated_config`).
 - `switch="schedule"` is not the paper's: each step ends with the plan's even split of the rounds, not when
   its block's movement flattens. It exists to measure what the freezing rule costs (bench/reproduce_profl.py,
