@@ -28,17 +28,30 @@ def _flat(snapshot: Any) -> np.ndarray:
     return np.asarray(snapshot, dtype=np.float64).ravel()
 
 
+def _updates(history: Sequence[Any]) -> np.ndarray:
+    """U^k for k = 1..K, one float64 row each; built pair by pair so that no stack of every snapshot in
+    float64 is held beside them (a VGG-11 block is 8.3M scalars: 66 MB a row)."""
+    if len(history) < 2:
+        return np.zeros((0, _flat(history[0]).size if len(history) else 0))
+    previous = _flat(history[0])
+    updates = np.empty((len(history) - 1, previous.size))
+    for row, snapshot in zip(updates, history[1:]):
+        current = _flat(snapshot)
+        np.subtract(current, previous, out=row)
+        previous = current
+    return updates
+
+
 def movement_series(history: Sequence[Any], H: int) -> list[float]:
     """EM_k for every round k >= H of a block's snapshots history[0..K] (one per round)."""
     if H < 1:
         raise ValueError(f"H must be >= 1, got {H}")
-    params = np.stack([_flat(s) for s in history]) if len(history) else np.zeros((0, 0))
-    updates = np.diff(params, axis=0)                       # updates[k - 1] = U^k
+    updates = _updates(history)                             # updates[k - 1] = U^k
+    distance = np.abs(updates)                              # each |U| once, not once per window holding it
     out = []
     for k in range(H, len(history)):
-        window = updates[k - H: k]
-        travelled = np.abs(window).sum()
-        out.append(float(np.abs(window.sum(axis=0)).sum() / travelled) if travelled > 0 else 0.0)
+        travelled = distance[k - H: k].sum()
+        out.append(float(np.abs(updates[k - H: k].sum(axis=0)).sum() / travelled) if travelled > 0 else 0.0)
     return out
 
 
@@ -60,15 +73,26 @@ def slope(values: Sequence[float]) -> float:
 
 def slopes(history: Sequence[Any], H: int, window: int = 5) -> list[float]:
     """The slope at each evaluation: over the last `window` effective movements."""
+    return trend(movement_series(history, H), window)
+
+
+def trend(movements: Sequence[float], window: int = 5) -> list[float]:
+    """The slope at each evaluation of an EM series (movement_series's): a caller that asks for EM, its
+    slopes and the freeze decision in one round computes the series once (12 s a round on VGG-11's second
+    block when each question recomputed it)."""
     if window < 2:
         raise ValueError(f"window must be >= 2, got {window}")
-    em = movement_series(history, H)
-    return [slope(em[i - window: i]) for i in range(window, len(em) + 1)]
+    return [slope(movements[i - window: i]) for i in range(window, len(movements) + 1)]
+
+
+def is_flat(trend_values: Sequence[float], W: int, phi: float) -> bool:
+    """True when the last W slopes are all below phi in magnitude."""
+    if W < 1:
+        raise ValueError(f"W must be >= 1, got {W}")
+    recent = list(trend_values)[-W:]
+    return len(recent) == W and all(abs(s) < phi for s in recent)
 
 
 def should_freeze(history: Sequence[Any], H: int, W: int, phi: float, window: int = 5) -> bool:
     """True when EM stayed flat, |slope| < phi, for the last W consecutive evaluations."""
-    if W < 1:
-        raise ValueError(f"W must be >= 1, got {W}")
-    recent = slopes(history, H, window)[-W:]
-    return len(recent) == W and all(abs(s) < phi for s in recent)
+    return is_flat(slopes(history, H, window), W, phi)

@@ -7,6 +7,7 @@ import torch
 
 from edgefl.fleet import parse_fleet
 from edgefl.planning.strategies import PlanContext
+from edgefl.planning.progress import slopes
 from edgefl.planning.strategies.profl import OutputModuleChange, ProFL, block_ends
 from edgefl.server.coordinator import Coordinator, LoopSettings
 from edgefl.server.output_modules import compose
@@ -176,7 +177,8 @@ def test_the_schedule_switch_ends_each_step_with_its_share_of_the_rounds_and_mov
     ends = [last for _, last in scheduled.order(scheduled.plan_)]
     assert ends == [10, 20, 30, 40, 50]
     flat = [np.zeros(3, np.float32)] * 12            # no movement at all: the paper's rule freezes at once
-    assert [scheduled.step_ends(flat, r) for r in (9, 10)] == [False, True]
-    assert moving.step_ends(flat, 1) and not moving.step_ends(flat[:11], 10)
+    assert [scheduled.step_ends(slopes(flat, moving.H, moving.window), r) for r in (9, 10)] == [False, True]
+    assert moving.step_ends(slopes(flat, moving.H, moving.window), 1)
+    assert not moving.step_ends(slopes(flat[:11], moving.H, moving.window), 10)
     with pytest.raises(ValueError, match="switch 'epochs'"):
         ProFL(switch="epochs")

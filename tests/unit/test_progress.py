@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from edgefl.planning.progress import effective_movement, movement_series, should_freeze, slope, slopes
+from edgefl.planning.progress import (effective_movement, is_flat, movement_series, should_freeze, slope, slopes,
+                                      trend)
 
 H, WINDOW, W, PHI = 4, 3, 3, 0.01
 
@@ -64,3 +65,21 @@ def test_movement_rises_then_falls_and_freezing_waits_until_it_is_flat():
 def test_not_enough_evaluations_never_freezes():
     assert not should_freeze([0.0] * 6, H, W, PHI, WINDOW)     # 2 movements: no slope yet
     assert should_freeze([0.0] * 10, H, W, PHI, WINDOW)        # a block that never moves is done
+
+
+def test_the_series_is_the_definition_bit_for_bit_and_one_series_answers_every_question():
+    """movement_series builds U pair by pair and |U| once; it must equal EM_k written out per window, to the
+    bit, so that a faster series never moves a freeze."""
+    rng = np.random.default_rng(0)
+    history = [rng.standard_normal(1001).astype(np.float32) for _ in range(12)]
+    stacked = np.stack([h.astype(np.float64) for h in history])
+    updates = np.diff(stacked, axis=0)
+    by_definition = [float(np.abs(updates[k - H: k].sum(axis=0)).sum() / np.abs(updates[k - H: k]).sum())
+                     for k in range(H, len(history))]
+    em = movement_series(history, H)
+    assert em == by_definition
+    assert trend(em, WINDOW) == slopes(history, H, WINDOW)
+    assert is_flat(trend(em, WINDOW), W, PHI) == should_freeze(history, H, W, PHI, WINDOW)
+    assert is_flat([0.2, 0.0, 0.0, 0.0], W, PHI) and not is_flat([0.0, 0.0], W, PHI)
+    with pytest.raises(ValueError, match="W must be"):
+        is_flat([0.0], 0, PHI)

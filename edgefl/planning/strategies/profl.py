@@ -59,7 +59,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 
 from edgefl.planning.plan import Plan, Step
-from edgefl.planning.progress import movement_series, should_freeze, slopes
+from edgefl.planning.progress import is_flat, movement_series, trend
 from edgefl.planning.strategies.base import PlanContext, Strategy, deepest_trained, group_plan
 from edgefl.planning.strategies.slt import round_schedule
 
@@ -190,13 +190,14 @@ class ProFL(Strategy):
             return
         self.last_trained = self.current
         self.observe(state)
-        history = list(self.snapshots)
+        movements = movement_series(list(self.snapshots), self.H)
+        slopes = trend(movements, self.window)
         d: dict[str, Any] = {"step": self.current, "step_label": self.step_configs()[0].label.split(":")[0]}
-        if len(history) > self.H:
-            d["effective_movement"] = movement_series(history[-(self.H + 1):], self.H)[-1]
-        if len(history) >= self.H + self.window:
-            d["slope"] = slopes(history, self.H, self.window)[-1]
-        if self.current < len(self.order(self.plan_)) - 1 and self.step_ends(history, round):
+        if movements:
+            d["effective_movement"] = movements[-1]
+        if slopes:
+            d["slope"] = slopes[-1]
+        if self.current < len(self.order(self.plan_)) - 1 and self.step_ends(slopes, round):
             change = self.output_change(self.current)
             self.current += 1
             d["switched_to"] = self.current
@@ -206,12 +207,12 @@ class ProFL(Strategy):
             self.observe(state)   # a fresh history: the next block as it stands before its first round
         record.decisions.update(d)
 
-    def step_ends(self, history: list, round: int) -> bool:
-        """Whether the current step ends after `round`: its block's movement flat (sec. 3.3), or under
-        switch="schedule" its share of the rounds done."""
+    def step_ends(self, slopes: list[float], round: int) -> bool:
+        """Whether the current step ends after `round`: its block's movement flat, the last W `slopes` of
+        its EM below phi (sec. 3.3), or under switch="schedule" its share of the rounds done."""
         if self.switch == "schedule":
             return round >= self.order(self.plan_)[self.current][1]
-        return should_freeze(history, self.H, self.W, self.phi, self.window)
+        return is_flat(slopes, self.W, self.phi)
 
     def pool(self, plan: Plan, round: int) -> Optional[set[str]]:
         """The groups a round's devices are drawn from: those with a step in the current one, i.e. that can
