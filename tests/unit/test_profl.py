@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from edgefl.fleet import parse_fleet
-from edgefl.planning.strategies import PlanContext
 from edgefl.planning.progress import slopes
+from edgefl.planning.strategies import PlanContext
 from edgefl.planning.strategies.profl import OutputModuleChange, ProFL, block_ends
 from edgefl.server.coordinator import Coordinator, LoopSettings
 from edgefl.server.output_modules import compose
