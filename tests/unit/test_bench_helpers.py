@@ -286,3 +286,26 @@ def test_fedepth_and_fedolf_run_to_convergence_as_their_own_column_one_file_per_
     # the 25-round study keeps its file names: seed 0's has none
     assert arguments(study, "", []).output == results / f"reproduce_{name}.json"
     assert arguments(study, "", ["--seed", "1"]).output == results / f"reproduce_{name}_seed1.json"
+
+
+def test_profl_last_step_finds_what_the_accuracy_follows():
+    """bench/profl_last_step.py: over the last step only, the accuracy's deviation from its trend is
+    correlated with what each round's draw holds (here it follows the share training the output layer alone)."""
+    from profl_last_step import last_step, skew
+
+    assert skew(np.full(10, 7)) == 0
+    assert skew(np.eye(10)[3] * 50) == pytest.approx(0.9)
+    labels_of = {f"{g}-{i}": np.bincount([i % 10] * 5 + list(range(10)), minlength=10) for g in "ab" for i in range(10)}
+    rng = np.random.default_rng(0)
+    history = []
+    for r in range(1, 41):
+        drawn = sorted(rng.choice(sorted(labels_of), 8, replace=False))
+        share = sum(d.startswith("a") for d in drawn) / len(drawn)
+        history.append({"round": r, "sampled": {d: d[0] for d in drawn},
+                        "decisions": {"step_label": "grow block 1/2" if r <= 10 else "grow block 2/2"},
+                        "accuracy": None if r % 2 and r < 31 else 0.7 + 0.002 * r - 0.05 * share})
+    step = last_step(history, {"a"}, labels_of)
+    assert (step["step"], step["first_round"], step["evaluations"]) == ("grow block 2/2", 11, 20)
+    assert step["correlation_with_residual"]["output_layer_share"] < -0.9
+    assert [r for r, _ in step["last_10"]] == list(range(31, 41))
+    assert step["last_10_draws"] == [sorted(h["sampled"]) for h in history[-10:]]
