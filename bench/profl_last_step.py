@@ -6,7 +6,7 @@ DIR` leaves (one per run: `history.json`, the last round's weights) and tests ca
 - the draw: the last step's evaluations, their deviation from a cubic trend in the round, and its correlation
   with the share of the round's draw that trains only the output layer (the groups the plan gives that step,
   sec. 4.1) and with the draw's label skew (total variation of its examples' label mix from uniform, over the
-  whole draw and over the block trainers alone);
+  whole draw and over the block trainers alone); the deviation's size against the number of block trainers;
 - batch norm: the last round's model evaluated with its averaged running statistics and with HeteroFL's static
   ones (edgefl.server.global_model), the same 2,048 of the devices' examples the emulation would use;
 - runs that draw the same clients (`--same-draw A,B`: ProFL and its even-steps run share a pool in the last
@@ -75,6 +75,8 @@ def last_step(history: list[dict], output_only: set[str], labels_of: dict[str, n
             "correlation_with_residual": {"output_layer_share": correlation(residual, a[:, 2]),
                                           "label_skew_draw": correlation(residual, a[:, 3]),
                                           "label_skew_block_trainers": correlation(residual, a[:, 4])},
+            # fewer devices training the block would widen the deviation either way, not shift it
+            "abs_residual_vs_block_trainers": correlation(np.abs(residual), 1 - a[:, 2]),
             "last_10": [[int(r), acc] for r, acc in a[-10:, :2]],
             "last_10_draws": [sorted(r["sampled"]) for r in history[-10:]]}
 
