@@ -54,7 +54,11 @@ def skew(counts: np.ndarray) -> float:
 
 
 def correlation(a, b) -> float | None:
-    return None if np.std(a) == 0 or np.std(b) == 0 else round(float(np.corrcoef(a, b)[0, 1]), 3)
+    """Over the rows where both are defined (a draw of output-layer devices alone has no block trainers)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    defined = ~np.isnan(a) & ~np.isnan(b)
+    a, b = a[defined], b[defined]
+    return None if len(a) < 3 or np.std(a) == 0 or np.std(b) == 0 else round(float(np.corrcoef(a, b)[0, 1]), 3)
 
 
 def last_step(history: list[dict], output_only: set[str], labels_of: dict[str, np.ndarray]) -> dict:
@@ -67,7 +71,8 @@ def last_step(history: list[dict], output_only: set[str], labels_of: dict[str, n
         drawn = list(r["sampled"])
         blocks = [d for d in drawn if r["sampled"][d] not in output_only]
         rows.append((r["round"], r["accuracy"], (len(drawn) - len(blocks)) / len(drawn),
-                     skew(sum(labels_of[d] for d in drawn)), skew(sum(labels_of[d] for d in blocks))))
+                     skew(sum(labels_of[d] for d in drawn)),
+                     skew(sum(labels_of[d] for d in blocks)) if blocks else np.nan))
     a = np.array(rows)
     residual = a[:, 1] - np.polyval(np.polyfit(a[:, 0], a[:, 1], 3), a[:, 0])
     return {"step": label, "first_round": first, "evaluations": len(rows),
