@@ -116,8 +116,9 @@ def main(argv=None) -> None:
     setting = column_setting(args.column)
     settings, ref = setting["settings"], ModelRef.of(setting["model"], num_classes=10, input_shape=setting["input_shape"])
     runs = {r.label: r for r in setting["runs"](argparse.Namespace(runtime="ort"), ref)}
-    from edgefl.engines.local import STATIC_BN_EXAMPLES
+    from edgefl.engines.local import static_bn_rows
     result = {"column": args.column, "settings": settings, "runs": {}}
+    train_set, test_set = load_dataset("fashion-mnist", split="train"), load_dataset("fashion-mnist", split="test")
     for spec in args.runs:
         name, _, folder = spec.partition("=")
         label, _, seed = name.partition(":")
@@ -125,18 +126,17 @@ def main(argv=None) -> None:
             raise SystemExit(f"{spec}: expected LABEL:SEED=DIR, LABEL one of {sorted(runs)} and DIR a run's state "
                              "folder (history.json in it)")
         seed, folder = int(seed), Path(folder)
-        train = padded(subset(load_dataset("fashion-mnist", split="train"), settings["train_limit"], seed), setting["input_shape"])
-        test = padded(subset(load_dataset("fashion-mnist", split="test"), settings["test_limit"], seed + 1), setting["input_shape"])
+        train = padded(subset(train_set, settings["train_limit"], seed), setting["input_shape"])
+        test = padded(subset(test_set, settings["test_limit"], seed + 1), setting["input_shape"])
         shares = parse_partition(settings["partition"]).split(train.y, STUDY.devices, seed)
         devices = sorted(d for g in runs[label].fleet.groups for d in g.device_ids)
         labels_of = {d: np.bincount(train.y[s], minlength=10) for d, s in zip(devices, shares, strict=True)}
-        rows = np.concatenate(shares)
-        rows = np.sort(np.random.default_rng(seed).choice(rows, min(STATIC_BN_EXAMPLES, len(rows)), replace=False))
         history = json.loads((folder / "history.json").read_text())["rounds"]
         output_only = output_layer_groups(runs[label], ref, settings["rounds"], settings["batch_size"])
         result["runs"][name] = {"label": label, "seed": seed, "output_layer_groups": sorted(output_only),
                                 "last_step": last_step(history, output_only, labels_of),
-                                "batch_norm": batch_norm(folder, ref, test, train.x[rows], settings["batch_size"], seed)}
+                                "batch_norm": batch_norm(folder, ref, test, train.x[static_bn_rows(shares, seed)],
+                                                          settings["batch_size"], seed)}
         print(name, json.dumps(result["runs"][name]["last_step"]["correlation_with_residual"]),
               json.dumps(result["runs"][name]["batch_norm"]), flush=True)
     result["same_draw"] = {}

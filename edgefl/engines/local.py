@@ -35,6 +35,13 @@ from edgefl.zoo import ModelRef
 STATIC_BN_EXAMPLES = 2048
 
 
+def static_bn_rows(shares: list[np.ndarray], seed: int) -> np.ndarray:
+    """The training rows the server runs through the global model for static BN statistics: a seeded sample
+    of the fleet's data (`shares` in sorted device order)."""
+    rows = np.concatenate(shares)
+    return np.sort(np.random.default_rng(seed).choice(rows, min(STATIC_BN_EXAMPLES, len(rows)), replace=False))
+
+
 def group_samples(fleet: Fleet, share_of: Mapping[str, np.ndarray], train: Dataset, limit: int,
                   seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Up to `limit` examples per group, drawn (seeded) from the union of its devices' shares."""
@@ -98,10 +105,7 @@ def emulate(fleet: Fleet, plan: Plan, strategy: Strategy, ref: ModelRef, train: 
     groups = group_samples(fleet, share_of, train, group_eval_examples, settings.seed)
     static_bn = None
     if strategy.static_bn:
-        rows = np.concatenate([share_of[d] for d in devices])
-        rows = np.sort(np.random.default_rng(settings.seed).choice(rows, min(STATIC_BN_EXAMPLES, len(rows)),
-                                                                   replace=False))
-        static_bn = (train.x[rows], plan.batch_size)
+        static_bn = (train.x[static_bn_rows([share_of[d] for d in devices], settings.seed)], plan.batch_size)
     server = TorchServerModel(ref, test, trainer, settings.seed, groups=groups, toa=toa, clip_norm=clip_norm,
                               initial=initial_state, evaluated=lambda: strategy.evaluated_config(plan),
                               static_bn=static_bn)
