@@ -77,19 +77,22 @@ class ServedRun:
             if folder.exists() else ""
 
     def device_pids(self) -> dict[str, int]:
-        """Device id -> pid of its agent (children of `fleet up`)."""
-        out = {}
+        """Device id -> pid of its agent (children of `fleet up`). An agent that is starting its training
+        child has, between fork and exec, a second process with its very command line: that one is the
+        agent's child and is left out (killing it would fail the training, not the agent)."""
+        found: dict[int, tuple[str, int]] = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
             agent = b"edgefl.device_runtime.cli" in argv or argv[0].endswith(b"/edgefl-device")
             if agent and b"--id" in argv and str(self.broker.port).encode() in b" ".join(argv):
-                out[argv[argv.index(b"--id") + 1].decode()] = int(pid)
-        return out
+                found[int(pid)] = (argv[argv.index(b"--id") + 1].decode(), parent)
+        return {device: pid for pid, (device, parent) in found.items() if parent not in found}
 
     def __exit__(self, *exc) -> None:
         if self.devices is not None and self.devices.poll() is None:
