@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import run_method  # noqa: E402
 from pretrained_set import strictly_decreasing  # noqa: E402
-from reproduction import add_energy, compare  # noqa: E402
+from reproduction import add_energy, compare, merged_from  # noqa: E402
 
 from edgefl.data import load_dataset, parse_partition, subset  # noqa: E402
 from edgefl.errors import EdgeflError  # noqa: E402
@@ -185,7 +185,7 @@ def merge(paths: list[Path]) -> dict:
     for path, part in zip(paths[1:], parts[1:]):
         if part["settings"] != parts[0]["settings"] or part["pretrained"] != parts[0]["pretrained"]:
             raise SystemExit(f"--merge: {path} has other settings or another pretrained set than {paths[0]}")
-    result = {**parts[0], "merged_from": [Path(p).name for p in paths], "methods": {}, "budgets_bytes": {}}
+    result = {**parts[0], "merged_from": merged_from(paths, parts), "methods": {}, "budgets_bytes": {}}
     for part in parts:
         result["budgets_bytes"].update(part["budgets_bytes"])
         for column, rows in part["methods"].items():

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from emulation_grid import one_group_fleet, run_method  # noqa: E402
-from reproduction import compare  # noqa: E402
+from reproduction import compare, merged_from  # noqa: E402
 
 from edgefl.data import (  # noqa: E402
     load_dataset,
@@ -62,7 +62,7 @@ def merge(paths: list[Path]) -> dict:
     for path, part in zip(paths[1:], parts[1:]):
         if differ := [k for k in same if part.get(k) != parts[0].get(k)]:
             raise SystemExit(f"--merge: {path} differs from {paths[0]} in {differ}; merge only runs of one setting")
-    result = {**parts[0], "merged_from": [Path(p).name for p in paths], "settings": {}}
+    result = {**parts[0], "merged_from": merged_from(paths, parts), "settings": {}}
     for part in parts:
         result["budgets_bytes"] = {**result["budgets_bytes"], **part["budgets_bytes"]}
         for setting, rows in part["settings"].items():

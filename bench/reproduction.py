@@ -226,6 +226,16 @@ def summarise(result: dict, paper_order: list[str]) -> None:
     result["ceiling_final"] = ceilings[0]["final"] if ceilings else None
 
 
+def merged_from(paths: list[Path], parts: list[dict]) -> list[str]:
+    """Every run file a merge is built from, in the order merged: a part that is itself a merge names its own
+    sources (a column finished over several sessions is merged into its last result, part by part), so the
+    provenance is not only the last merge's two files. A later file's rows replace an earlier one's."""
+    names: list[str] = []
+    for path, part in zip(paths, parts):
+        names += [n for n in part.get("merged_from") or [Path(path).name] if n not in names]
+    return names
+
+
 def merge(paths: list[Path]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     for path, part in zip(paths[1:], parts[1:]):
@@ -234,7 +244,7 @@ def merge(paths: list[Path]) -> dict:
         if part.get("budgets_bytes") != parts[0].get("budgets_bytes"):   # the cost model changed between them
             raise SystemExit(f"--merge: {path} has other budgets than {paths[0]} (the constants that price them "
                              "changed between the runs); re-run the older part")
-    result = {**parts[0], "merged_from": [Path(p).name for p in paths], "methods": {}}
+    result = {**parts[0], "merged_from": merged_from(paths, parts), "methods": {}}
     for part in parts:
         result["methods"].update(part["methods"])
     summarise(result, parts[0]["paper_order"])

@@ -115,6 +115,13 @@ def test_reproduce_slt_merges_split_runs_and_orders_them(tmp_path):
 
     assert result["settings"]["iid/s=0.125"]["small"]["final"] == 0.5
     assert result["orderings"]["iid/s=0.125"] == ["slt", "small", "fedrolex", "fd"]
+    assert result["merged_from"] == ["a.json", "b.json"]
+    # a merge merged again (a study finished part by part) still names every run it was built from
+    (tmp_path / "ab.json").write_text(json.dumps(result))
+    (tmp_path / "c.json").write_text(json.dumps({**base, "settings": {"iid/s=0.125": {"fd": {"final": 0.25}}}}))
+    again = reproduce_slt.merge([tmp_path / "ab.json", tmp_path / "c.json"])
+    assert again["merged_from"] == ["a.json", "b.json", "c.json"]
+    assert again["settings"]["iid/s=0.125"]["fd"]["final"] == 0.25
     assert result["matches_paper_order"] == {"iid/s=0.125": True} and result["ties"] == {"iid/s=0.125": []}
     second["settings"]["iid/s=0.125"]["fd"] = {"final": 0.295}        # within a point of FedRolex: a tie
     paths[1].write_text(json.dumps(second))
